@@ -1,0 +1,323 @@
+"""Conformance of the ``pinned_sample_output`` fix.
+
+Where stock TorchRL is right (the values it returns), patched output must be
+identical. Where it is wrong (what it pins, raising with no accelerator), the
+patched behaviour is asserted, and tests marked ``stock_bug`` show the bug on stock.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+import warnings
+from dataclasses import dataclass
+from typing import Callable
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+import torchrl_fixes
+from conformance.harness import assert_identical, run_patched, run_stock, tensor_leaves
+from torchrl_fixes.warning_categories import PinMemoryUnavailableWarning
+
+pytestmark = pytest.mark.skipif(
+    not torchrl_fixes.status()["pinned_sample_output"].applied,
+    reason="pinned_sample_output is not applied on this TorchRL",
+)
+
+N = 48
+_memmap_dirs = itertools.count()
+
+
+class KeepObservation:
+    """Builds a new TensorDict: its device is None."""
+
+    def __call__(self, td):
+        return TensorDict({"obs": td["obs"]}, batch_size=td.batch_size)
+
+
+class ScaleObservation:
+    """Writes into the sampled TensorDict: its device is kept."""
+
+    def __call__(self, td):
+        td["obs2"] = td["obs"] * 2
+        return td
+
+
+def _transitions(shape=(N,)):
+    done = torch.zeros(*shape, 1, dtype=torch.bool)
+    done[..., 5::6, :] = True
+    return TensorDict(
+        {
+            "obs": torch.randn(*shape, 3),
+            "action": torch.randint(4, (*shape,)),
+            ("next", "obs"): torch.randn(*shape, 3),
+            ("next", "done"): done,
+            ("next", "terminated"): done.clone(),
+        },
+        list(shape),
+    )
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """How to build one replay buffer configuration, given ``pin_memory`` and ``prefetch``."""
+
+    name: str
+    build: Callable
+    prioritized: bool = False
+
+    def __str__(self):
+        return self.name
+
+
+def _td_buffer(storage="lazy", transform=None, sampler=None, ndim=1):
+    def build(pin_memory, prefetch, tmp_path):
+        from torchrl.data import LazyMemmapStorage, LazyTensorStorage, TensorDictReplayBuffer
+
+        if storage == "memmap":
+            store = LazyMemmapStorage(N, scratch_dir=tmp_path / f"memmap{next(_memmap_dirs)}")
+        else:
+            store = LazyTensorStorage(N, ndim=ndim)
+        rb = TensorDictReplayBuffer(
+            storage=store,
+            sampler=sampler() if sampler else None,
+            pin_memory=pin_memory,
+            prefetch=prefetch,
+            transform=transform() if transform else None,
+            batch_size=12,
+        )
+        rb.extend(_transitions((4, N // 4) if ndim == 2 else (N,)))
+        return rb
+
+    return build
+
+
+def _slice_sampler():
+    from torchrl.data import SliceSampler
+
+    return SliceSampler(num_slices=3, end_key=("next", "done"))
+
+
+def _tensor_buffer(pin_memory, prefetch, tmp_path):
+    from torchrl.data import LazyTensorStorage, ReplayBuffer
+
+    rb = ReplayBuffer(
+        storage=LazyTensorStorage(N), pin_memory=pin_memory, prefetch=prefetch, batch_size=12
+    )
+    rb.extend(torch.randn(N, 5))
+    return rb
+
+
+def _tuple_buffer(pin_memory, prefetch, tmp_path):
+    from torchrl.data import ListStorage, ReplayBuffer
+
+    rb = ReplayBuffer(
+        storage=ListStorage(N), pin_memory=pin_memory, prefetch=prefetch, batch_size=12
+    )
+    rb.extend([(torch.randn(3), torch.randn(1)) for _ in range(N)])
+    return rb
+
+
+def _td_prioritized(pin_memory, prefetch, tmp_path):
+    from torchrl.data import LazyTensorStorage, TensorDictPrioritizedReplayBuffer
+
+    rb = TensorDictPrioritizedReplayBuffer(
+        alpha=0.7,
+        beta=0.5,
+        storage=LazyTensorStorage(N),
+        pin_memory=pin_memory,
+        prefetch=prefetch,
+        batch_size=12,
+    )
+    rb.extend(_transitions())
+    return rb
+
+
+def _prioritized(pin_memory, prefetch, tmp_path):
+    from torchrl.data import LazyTensorStorage, PrioritizedReplayBuffer
+
+    rb = PrioritizedReplayBuffer(
+        alpha=0.7,
+        beta=0.5,
+        storage=LazyTensorStorage(N),
+        pin_memory=pin_memory,
+        prefetch=prefetch,
+        batch_size=12,
+    )
+    rb.extend(_transitions())
+    return rb
+
+
+BUFFERS = [
+    Buffer("TensorDictReplayBuffer", _td_buffer()),
+    Buffer("TensorDictReplayBuffer+memmap", _td_buffer(storage="memmap")),
+    Buffer("TensorDictReplayBuffer+ndim2", _td_buffer(ndim=2)),
+    Buffer("TensorDictReplayBuffer+new-td-transform", _td_buffer(transform=KeepObservation)),
+    Buffer("TensorDictReplayBuffer+inplace-transform", _td_buffer(transform=ScaleObservation)),
+    Buffer("TensorDictReplayBuffer+SliceSampler", _td_buffer(sampler=_slice_sampler)),
+    Buffer(
+        "TensorDictReplayBuffer+SliceSampler+new-td-transform",
+        _td_buffer(sampler=_slice_sampler, transform=KeepObservation),
+    ),
+    Buffer("ReplayBuffer+tensor", _tensor_buffer),
+    Buffer("ReplayBuffer+tuple", _tuple_buffer),
+    Buffer("TensorDictPrioritizedReplayBuffer", _td_prioritized, prioritized=True),
+    Buffer("PrioritizedReplayBuffer", _prioritized, prioritized=True),
+]
+
+ACCESSES = {
+    "sample": lambda rb: [rb.sample() for _ in range(3)],
+    "sample-info": lambda rb: [rb.sample(return_info=True) for _ in range(3)],
+    "getitem": lambda rb: [rb[torch.tensor([0, 3, 2])], rb[1:3]],
+}
+
+
+@pytest.fixture(params=BUFFERS, ids=str)
+def buffer(request):
+    if request.param.prioritized:
+        request.getfixturevalue("torchrl_extension")
+    return request.param
+
+
+@pytest.fixture(params=list(ACCESSES))
+def access(request):
+    return ACCESSES[request.param]
+
+
+@pytest.fixture(params=[0, 1], ids=["no-prefetch", "prefetch"])
+def prefetch(request):
+    # One prefetch worker keeps the order of samples, hence of generator draws, fixed.
+    return request.param
+
+
+def _drained(rb, output):
+    # Queued prefetch samples draw from the global generator: let them finish before the
+    # next run reseeds it, or they would race with it.
+    for future in list(getattr(rb, "_prefetch_queue", ())):
+        future.result()
+    return output
+
+
+def _scenario(buffer, access, pin_memory, prefetch, tmp_path):
+    def scenario():
+        rb = buffer.build(pin_memory, prefetch, tmp_path)
+        return _drained(rb, access(rb))
+
+    return scenario
+
+
+def test_unpinned_values_match_stock_without_accelerator(
+    no_accelerator, buffer, access, prefetch, tmp_path
+):
+    """No accelerator: pin_memory=True returns exactly what stock returns unpinned, and warns once."""
+    stock = run_stock(_scenario(buffer, access, False, prefetch, tmp_path))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        patched = run_patched(_scenario(buffer, access, True, prefetch, tmp_path))
+    assert_identical(stock, patched)
+    pin_warnings = [w for w in caught if issubclass(w.category, PinMemoryUnavailableWarning)]
+    assert len(pin_warnings) == 1, [str(w.message) for w in pin_warnings]
+
+
+def test_every_returned_tensor_is_pinned(fake_accelerator, buffer, access, prefetch, tmp_path):
+    """With an accelerator, every tensor sample()/rb[idx] return went through pinning; values as stock."""
+    stock = run_stock(_scenario(buffer, access, False, prefetch, tmp_path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PinMemoryUnavailableWarning)
+        patched = run_patched(_scenario(buffer, access, True, prefetch, tmp_path))
+    assert_identical(stock, patched)
+    leaves = tensor_leaves(patched)
+    assert leaves
+    unpinned = [path for path, leaf in leaves if not leaf.is_pinned()]
+    assert not unpinned, f"not pinned: {unpinned}"
+
+
+def test_stock_pinned_values_match_patched(fake_accelerator, buffer, access, tmp_path):
+    """Where stock pins, the values it returns are the patched values."""
+    stock = run_stock(_scenario(buffer, access, True, 0, tmp_path))
+    patched = run_patched(_scenario(buffer, access, True, 0, tmp_path))
+    assert_identical(stock, patched)
+
+
+def test_prefetch_pins_in_the_worker(fake_accelerator, tmp_path):
+    """With prefetch, the sample's data is pinned by the prefetch worker, not the caller's thread."""
+    rb = _td_buffer(transform=KeepObservation)(True, 1, tmp_path)
+    rb.sample()  # the first sample runs in the caller's thread and queues the next one
+    data = _drained(rb, rb.sample())
+    main = threading.current_thread().name
+    assert fake_accelerator.thread_of(data["obs"]) != main
+    assert data["index"].is_pinned()
+
+
+def test_leaves_on_an_accelerator_are_left_alone(fake_accelerator):
+    """Tensors not on the CPU are returned as they are, not pinned (meta stands in for a GPU)."""
+    from torchrl_fixes.fixes.pinned_sample_output import _pin_memory
+
+    on_device = torch.empty(3, device="meta")
+    td = TensorDict({"cpu": torch.zeros(3), "dev": on_device}, [3])
+    out = _pin_memory(td)
+    assert out["dev"] is on_device
+    assert out["cpu"].is_pinned()
+    assert _pin_memory(TensorDict({"a": on_device}, [3], device="meta"))["a"] is on_device
+
+
+def test_warns_once_per_buffer(no_accelerator, tmp_path):
+    """Each buffer warns at its first sample only; a second buffer warns again."""
+    build = _td_buffer()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            rb = build(True, 0, tmp_path)
+            for _ in range(3):
+                rb.sample()
+            rb[0:2]
+    assert sum(issubclass(w.category, PinMemoryUnavailableWarning) for w in caught) == 2
+    assert all(w.filename == __file__ for w in caught if issubclass(w.category, PinMemoryUnavailableWarning))
+
+
+@pytest.mark.stock_bug
+def test_stock_raises_without_accelerator(no_accelerator, tmp_path):
+    """Stock: pin_memory=True raises at the first sample on a machine with no accelerator."""
+    # CPU builds of torch say no accelerator is available; CUDA builds, that no driver is.
+    with pytest.raises(RuntimeError, match="accelerator|driver"):
+        run_stock(lambda: _td_buffer()(True, 0, tmp_path).sample())
+
+
+@pytest.mark.stock_bug
+def test_stock_leaves_transform_output_unpinned(fake_accelerator, tmp_path):
+    """Stock: a transform that builds a new TensorDict (device=None) gets no pinning at all."""
+    sample = run_stock(lambda: _td_buffer(transform=KeepObservation)(True, 0, tmp_path).sample())
+    assert sample.device is None
+    assert not any(leaf.is_pinned() for _, leaf in tensor_leaves(sample))
+
+
+@pytest.mark.stock_bug
+def test_stock_leaves_info_unpinned(fake_accelerator, tmp_path):
+    """Stock: the info dict, and the stacked index written into a slice sample, are not pinned."""
+    sample, info = run_stock(
+        lambda: _td_buffer(sampler=_slice_sampler)(True, 0, tmp_path).sample(return_info=True)
+    )
+    assert sample["obs"].is_pinned()
+    assert not sample["index"].is_pinned()
+    assert not any(leaf.is_pinned() for _, leaf in tensor_leaves(info))
+
+
+@pytest.mark.cuda
+def test_cuda_every_returned_tensor_is_pinned(buffer, access, tmp_path):
+    """On a real accelerator: every returned CPU tensor reports is_pinned(); values as stock."""
+    stock = run_stock(_scenario(buffer, access, False, 0, tmp_path))
+    patched = run_patched(_scenario(buffer, access, True, 0, tmp_path))
+    assert_identical(stock, patched)
+    unpinned = [path for path, leaf in tensor_leaves(patched) if not leaf.is_pinned()]
+    assert not unpinned, f"not pinned: {unpinned}"
+
+
+@pytest.mark.cuda
+@pytest.mark.stock_bug
+def test_cuda_stock_misses_transform_output_and_info(tmp_path):
+    """On a real accelerator, stock leaves a device=None transform output and the index unpinned."""
+    sample = run_stock(lambda: _td_buffer(transform=KeepObservation)(True, 0, tmp_path).sample())
+    assert not sample["obs"].is_pinned()
+    sample = run_stock(lambda: _td_buffer(sampler=_slice_sampler)(True, 0, tmp_path).sample())
+    assert sample["obs"].is_pinned() and not sample["index"].is_pinned()

@@ -1,0 +1,94 @@
+"""Which fixes apply on which TorchRL release, and why the others are skipped.
+
+The nox ``conformance`` session runs this file under every supported release, so
+the expectations below are checked against each real install.
+"""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+from packaging.version import Version
+
+import torchrl_fixes
+from torchrl_fixes import registry as registry_module
+from torchrl_fixes.fixes import ALL_FIXES
+from torchrl_fixes.registry import Registry
+from torchrl_fixes.versions import installed_version
+
+# Release -> the fixes that must be applied there. A release missing here is not
+# supported: every fix must be skipped on it, each with its reason.
+EXPECTED_APPLIED = {
+    "0.11.1": {"pinned_sample_output"},
+    "0.12.0": {"pinned_sample_output"},
+    "0.13.3": {"pinned_sample_output"},
+    "0.14.1": {"pinned_sample_output"},
+}
+
+
+def test_installed_release_applies_the_expected_fixes():
+    """On the installed release, exactly the expected fixes are applied; the rest say why not."""
+    version = str(installed_version("torchrl"))
+    report = torchrl_fixes.status()
+    expected = EXPECTED_APPLIED.get(version, set())
+    assert {row.name for row in report if row.applied} == expected
+    for row in report:
+        if not row.applied:
+            assert row.state == "skipped"
+            assert version in row.reason and row.torchrl_versions in row.reason
+
+
+def test_declared_ranges_match_the_release_table():
+    """Each fix's declared range admits exactly the releases the table applies it on."""
+    for fix in ALL_FIXES:
+        admitted = {v for v in EXPECTED_APPLIED if fix.torchrl_versions.contains(Version(v))}
+        listed = {v for v, names in EXPECTED_APPLIED.items() if fix.name in names}
+        assert admitted == listed, fix.name
+
+
+@pytest.mark.parametrize("release", ["0.10.1", "0.15.0", "1.0.0"])
+def test_release_outside_every_range_is_skipped_with_its_reason(monkeypatch, release):
+    """A release no fix supports: all skipped, each with a FixSkippedWarning naming the version."""
+    # The fake release must be gone before disabled() re-applies the real fixes.
+    with torchrl_fixes.disabled(), monkeypatch.context() as patch:
+        patch.setattr(registry_module, "installed_version", lambda name: Version(release))
+        registry = Registry(ALL_FIXES)
+        with pytest.warns(torchrl_fixes.FixSkippedWarning) as caught:
+            assert registry.activate() == []
+        rows = list(registry.status())
+    for row in rows:
+        assert row.state == "skipped"
+        assert f"TorchRL {release} is outside the supported range" in row.reason
+    assert len(caught) == len(ALL_FIXES)
+
+
+def test_changed_target_is_skipped_not_half_applied(monkeypatch):
+    """A target whose code is not what the fix replaces: skipped, and nothing of it installed."""
+    from torchrl.data import ReplayBuffer, TensorDictReplayBuffer
+    from torchrl.data.replay_buffers import utils
+
+    def sample(self, batch_size=None, return_info=False, include_info=None):
+        return "an upstream rewrite"
+
+    with torchrl_fixes.disabled(), monkeypatch.context() as patch:
+        before = {
+            "utils.pin_memory_output": utils.pin_memory_output,
+            "ReplayBuffer._sample": ReplayBuffer._sample,
+            "ReplayBuffer.__getitem__": ReplayBuffer.__getitem__,
+        }
+        patch.setattr(TensorDictReplayBuffer, "sample", sample)
+        registry = Registry(ALL_FIXES)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            registry.activate("pinned_sample_output")
+        row = registry.status()["pinned_sample_output"]
+        assert row.state == "skipped"
+        assert row.reason.startswith("target changed: TensorDictReplayBuffer.sample")
+        assert any(issubclass(w.category, torchrl_fixes.FixSkippedWarning) for w in caught)
+        after = {
+            "utils.pin_memory_output": utils.pin_memory_output,
+            "ReplayBuffer._sample": ReplayBuffer._sample,
+            "ReplayBuffer.__getitem__": ReplayBuffer.__getitem__,
+        }
+        assert all(after[k] is before[k] for k in before)
+        assert TensorDictReplayBuffer.sample is sample

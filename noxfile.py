@@ -1,0 +1,78 @@
+"""Sessions: tests, conformance over the TorchRL release matrix, lint, compare.
+
+Every environment installs the CPU build of torch 2.13.0 explicitly first: a bare
+``torch`` requirement would pull a multi-gigabyte CUDA build.
+
+    nox -s tests                     # unit tests + conformance on TorchRL 0.14.1
+    nox -s conformance               # conformance on every supported release
+    nox -s "conformance(torchrl='0.12.0')"
+    nox -s conformance_extension     # prioritized buffers, where TorchRL's C++ extension loads
+    nox -s lint
+    nox -s compare                   # the main job: stock vs patched, side by side
+"""
+from __future__ import annotations
+
+import nox
+
+nox.options.reuse_existing_virtualenvs = True
+nox.options.sessions = ["lint", "tests", "conformance", "conformance_extension"]
+
+TORCH = "torch==2.13.0"
+# TorchRL release -> the tensordict release it is tested with (the newest its pin admits).
+RELEASES = {
+    "0.11.1": "0.11.0",
+    "0.12.0": "0.12.4",
+    "0.13.3": "0.13.0",
+    "0.14.1": "0.14.3",
+}
+NEWEST = "0.14.1"
+
+
+def _install(session: nox.Session, torchrl: str, torch: str = TORCH) -> None:
+    session.install(torch)
+    session.install("-e", ".[test]", f"torchrl=={torchrl}", f"tensordict=={RELEASES[torchrl]}")
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Unit tests of the package, and the conformance suite on the newest release."""
+    _install(session, NEWEST)
+    session.run("python", "-m", "pytest", "tests", "conformance", *session.posargs)
+
+
+@nox.session
+@nox.parametrize("torchrl", list(RELEASES))
+def conformance(session: nox.Session, torchrl: str) -> None:
+    """Stock vs patched on one TorchRL release, and which fixes apply there."""
+    _install(session, torchrl)
+    session.run("python", "-m", "torchrl_fixes", "status")
+    session.run("python", "-m", "pytest", "conformance", *session.posargs)
+
+
+@nox.session
+def conformance_extension(session: nox.Session) -> None:
+    """Conformance where TorchRL's C++ extension loads, so the prioritized buffers run.
+
+    No TorchRL release's extension loads beside the CPU torch 2.13.0; torchrl 0.14.1's
+    loads beside torch 2.14.1 (a CUDA build, about 5.5 GB installed, that also runs on
+    a CPU-only machine). Here a prioritized test that cannot run fails instead of skipping.
+    """
+    _install(session, NEWEST, torch="torch==2.14.1")
+    session.run(
+        "python", "-m", "pytest", "conformance", *session.posargs,
+        env={"TORCHRL_FIXES_REQUIRE_EXTENSION": "1"},
+    )
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff over the package, the tests and the suite."""
+    session.install("ruff>=0.6")
+    session.run("ruff", "check", "torchrl_fixes", "tests", "conformance", "noxfile.py")
+
+
+@nox.session
+def compare(session: nox.Session) -> None:
+    """The main job: the fix status, then stock and patched TorchRL side by side."""
+    _install(session, NEWEST)
+    session.run("python", "-m", "torchrl_fixes", "compare", *session.posargs)

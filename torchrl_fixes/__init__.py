@@ -1,0 +1,74 @@
+"""Fixes for TorchRL's replay buffers, applied on import.
+
+``import torchrl_fixes`` applies every fix that supports the installed TorchRL.
+The environment variable ``TORCHRL_FIXES`` changes that: ``0`` or ``off`` imports
+without applying anything, ``name,name`` applies only the fixes named.
+
+Examples:
+    >>> import torchrl_fixes
+    >>> print(torchrl_fixes.status())  # doctest: +SKIP
+    torchrl 0.14.1, tensordict 0.14.3
+    fix                   state    torchrl        why
+    pinned_sample_output  applied  <0.15,>=0.11   -
+    >>> with torchrl_fixes.disabled():
+    ...     pass  # stock TorchRL here
+"""
+from __future__ import annotations
+
+import os
+
+from torchrl_fixes.fixes import ALL_FIXES
+from torchrl_fixes.patching import get_original, is_object_patched
+from torchrl_fixes.registry import FixStatus, Registry, StatusReport
+from torchrl_fixes.warning_categories import (
+    FixSkippedWarning,
+    PinMemoryUnavailableWarning,
+    TorchRLFixesWarning,
+)
+
+__version__ = "0.1.0"
+
+_registry = Registry(ALL_FIXES)
+
+activate = _registry.activate
+deactivate = _registry.deactivate
+disabled = _registry.disabled
+status = _registry.status
+
+
+def fix_names() -> tuple[str, ...]:
+    """The names of every fix this package knows, in the order they are applied."""
+    return _registry.names
+
+
+def _names_from_environment(value: str | None) -> tuple[str, ...] | None:
+    """The fixes ``TORCHRL_FIXES`` asks for: None for none, () for all."""
+    if value is None:
+        return ()
+    value = value.strip()
+    if value.lower() in ("0", "off", "false", "no", "none"):
+        return None
+    if value.lower() in ("", "1", "on", "true", "yes", "all"):
+        return ()
+    return tuple(name.strip() for name in value.split(",") if name.strip())
+
+
+_requested = _names_from_environment(os.environ.get("TORCHRL_FIXES"))
+if _requested is not None:
+    activate(*_requested)
+del _requested
+
+__all__ = [
+    "FixSkippedWarning",
+    "FixStatus",
+    "PinMemoryUnavailableWarning",
+    "StatusReport",
+    "TorchRLFixesWarning",
+    "activate",
+    "deactivate",
+    "disabled",
+    "fix_names",
+    "get_original",
+    "is_object_patched",
+    "status",
+]

@@ -1,0 +1,306 @@
+"""Pinned sample output: ``pin_memory=True`` pins what ``sample()`` really returns.
+
+Stock TorchRL pins the output of ``_sample`` / ``__getitem__`` only when it is an
+object with ``device == cpu``. So the output of a transform that builds a new
+TensorDict (``device=None``) is never pinned, the info dict is never pinned, the
+info entries ``TensorDictReplayBuffer.sample`` writes into the sample are never
+pinned, and on a machine with no accelerator ``pin_memory=True`` raises at the
+first sample.
+
+With this fix every CPU tensor of the returned sample is pinned (tensor
+collections of any device, tensors, tuples, lists and dicts), leaves already on
+an accelerator are left alone, and with no accelerator the buffer warns once and
+returns unpinned data, as :class:`torch.utils.data.DataLoader` does. Pinning
+still runs inside ``_sample``, so with ``prefetch`` it happens in the prefetch
+worker, off the training thread.
+
+The functions below are TorchRL's own, changed where the fix needs it; they are
+what the upstream patch puts in ``torchrl/data/replay_buffers/utils.py`` and
+``TensorDictReplayBuffer.sample``.
+"""
+from __future__ import annotations
+
+import types
+import warnings
+from typing import Any, Callable
+
+import torch
+from packaging.specifiers import SpecifierSet
+from tensordict import is_tensor_collection, is_tensorclass
+from tensordict.utils import expand_as_right
+
+from torchrl_fixes.patching import Replacement
+from torchrl_fixes.registry import Fix, TargetChanged
+from torchrl_fixes.source_fingerprint import source_fingerprint
+from torchrl_fixes.warning_categories import PinMemoryUnavailableWarning, warn_at_caller
+
+try:
+    from torchrl.data.replay_buffers import utils as _rb_utils
+    from torchrl.data.replay_buffers.utils import _to_torch
+except ImportError as err:  # a TorchRL whose layout this fix does not know
+    _rb_utils = None
+    _IMPORT_ERROR = err
+else:
+    _IMPORT_ERROR = None
+
+
+def _pin_memory_available() -> bool:
+    """Whether there is an accelerator for pinned memory to serve."""
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is not None:
+        return accelerator.is_available()
+    return torch.cuda.is_available()
+
+
+def _pin_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    if tensor.device.type == "cpu":
+        return tensor.pin_memory()
+    return tensor
+
+
+def _pin_memory(output: Any) -> Any:
+    """Pins every CPU tensor of ``output``.
+
+    Tensor collections of any device (``device=None`` included, as transforms that
+    build a new TensorDict return), tensors, and tuples, lists and dicts of them
+    are pinned; tensors on an accelerator and other objects are returned as they are.
+    """
+    if is_tensor_collection(output):
+        if output.device is None:
+            # Leaves may sit on different devices: pin the CPU ones only.
+            return output.apply(_pin_tensor, propagate_lock=True)
+        if output.device.type == "cpu":
+            return output.pin_memory()
+        return output
+    if isinstance(output, torch.Tensor):
+        return _pin_tensor(output)
+    if isinstance(output, tuple):
+        pinned = [_pin_memory(_output) for _output in output]
+        return type(output)(*pinned) if hasattr(output, "_fields") else tuple(pinned)
+    if isinstance(output, list):
+        return [_pin_memory(_output) for _output in output]
+    if isinstance(output, dict):
+        return {key: _pin_memory(val) for key, val in output.items()}
+    return output
+
+
+def _warn_pin_memory_unavailable(buffer) -> None:
+    if not getattr(buffer, "_warned_pin_memory_unavailable", False):
+        buffer._warned_pin_memory_unavailable = True
+        warn_at_caller(
+            "pin_memory=True was passed to the replay buffer, but no accelerator is "
+            "available: samples are returned without pinned memory.",
+            PinMemoryUnavailableWarning,
+        )
+
+
+def pin_memory_output(fun) -> Callable:
+    """Calls pin_memory on every CPU tensor of the outputs of the decorated function.
+
+    The decorated method belongs to a replay buffer; pinning happens when the buffer
+    was built with ``pin_memory=True``. With no accelerator available, the output is
+    returned unpinned and the buffer warns once.
+    """
+
+    def decorated_fun(self, *args, **kwargs):
+        output = fun(self, *args, **kwargs)
+        if self._pin_memory:
+            if not _pin_memory_available():
+                _warn_pin_memory_unavailable(self)
+                return output
+            output = _pin_memory(output)
+        return output
+
+    return decorated_fun
+
+
+def _tensordict_replay_buffer_sample(__class__: type) -> Callable:
+    # Taking ``__class__`` lets the zero-argument ``super()`` below resolve exactly as
+    # it does in the body of ``TensorDictReplayBuffer``.
+
+    def sample(
+        self,
+        batch_size: int | None = None,
+        return_info: bool = False,
+        include_info: bool | None = None,
+    ):
+        """Samples a batch of data from the replay buffer.
+
+        Uses Sampler to sample indices, and retrieves them from Storage.
+
+        Args:
+            batch_size (int, optional): size of data to be collected. If none
+                is provided, this method will sample a batch-size as indicated
+                by the sampler.
+            return_info (bool): whether to return info. If True, the result
+                is a tuple (data, info). If False, the result is the data.
+            include_info (bool, optional): deprecated alias for ``return_info``.
+
+        Returns:
+            A tensordict containing a batch of data selected in the replay buffer.
+            A tuple containing this tensordict and info if return_info flag is set to True.
+        """
+        if include_info is not None:
+            warnings.warn(
+                "include_info is going to be deprecated soon."
+                "The default behavior has changed to `include_info=True` "
+                "to avoid bugs linked to wrongly preassigned values in the "
+                "output tensordict."
+            )
+
+        data, info = super().sample(batch_size, return_info=True)
+        is_tc = is_tensor_collection(data)
+        if is_tc and not is_tensorclass(data) and include_info in (True, None):
+            is_locked = data.is_locked
+            if is_locked:
+                data.unlock_()
+            pin_info = self._pin_memory and _pin_memory_available()
+            for key, val in info.items():
+                if key == "index" and isinstance(val, tuple):
+                    val = torch.stack(val, -1)
+                try:
+                    val = _to_torch(val, data.device)
+                    if pin_info:
+                        # entries built here (the stacked index) are not pinned by _sample
+                        val = _pin_memory(val)
+                    if val.ndim < data.ndim:
+                        val = expand_as_right(val, data)
+                    data.set(key, val)
+                except RuntimeError:
+                    raise RuntimeError(
+                        "Failed to set the metadata (e.g., indices or weights) in the sampled tensordict within TensorDictReplayBuffer.sample. "
+                        "This is probably caused by a shape mismatch (one of the transforms has probably modified "
+                        "the shape of the output tensordict). "
+                        "You can always recover these items from the `sample` method from a regular ReplayBuffer "
+                        "instance with the 'return_info' flag set to True."
+                    )
+            if is_locked:
+                data.lock_()
+        elif not is_tc and include_info in (True, None):
+            raise RuntimeError("Cannot include info in non-tensordict data")
+        if return_info:
+            return data, info
+        return data
+
+    return sample
+
+
+def _decorator_of(wrapper: types.FunctionType) -> Callable | None:
+    """The module-level decorator that made ``wrapper`` (``_maybe_delay_init``), if any."""
+    qualname = wrapper.__code__.co_qualname
+    if ".<locals>." not in qualname:
+        return None
+    decorator = wrapper.__globals__.get(qualname.split(".<locals>.")[0])
+    wrapped = getattr(wrapper, "__wrapped__", None)
+    if not callable(decorator) or not isinstance(wrapped, types.FunctionType):
+        return None
+    try:
+        if decorator(wrapped).__code__ is not wrapper.__code__:
+            return None
+    except Exception:
+        return None
+    return decorator
+
+
+def _redecorate(method: Any, stock_code: types.CodeType) -> Callable | None:
+    """``method`` rebuilt around this module's ``pin_memory_output``, or None if it does not use it.
+
+    ``method`` may be ``pin_memory_output(fun)`` itself or wrapped by further
+    ``functools.wraps`` decorators (``_maybe_delay_init``); those are applied again
+    in the same order around the new decorator.
+    """
+    outer = []
+    while isinstance(method, types.FunctionType) and method.__code__ is not stock_code:
+        decorator = _decorator_of(method)
+        if decorator is None:
+            return None
+        outer.append(decorator)
+        method = method.__wrapped__
+    if not isinstance(method, types.FunctionType):
+        return None
+    fun = method.__closure__[method.__code__.co_freevars.index("fun")].cell_contents
+    new = pin_memory_output(fun)
+    for decorator in reversed(outer):
+        new = decorator(new)
+    return new
+
+
+def _torchrl_subclasses(cls: type) -> list[type]:
+    found, todo = [], [cls]
+    while todo:
+        klass = todo.pop()
+        if klass not in found and klass.__module__.split(".")[0] == "torchrl":
+            found.append(klass)
+            todo.extend(klass.__subclasses__())
+    return found
+
+
+class PinnedSampleOutput(Fix):
+    """Registry entry: see the module docstring."""
+
+    name = "pinned_sample_output"
+    summary = (
+        "pin_memory pins what sample() and rb[index] return (transform outputs with "
+        "device=None, info entries); warns instead of raising with no accelerator"
+    )
+    upstream_issue = "https://github.com/pytorch/rl/issues/2404"
+    torchrl_versions = SpecifierSet(">=0.11,<0.15")
+    targets = (
+        "torchrl.data.replay_buffers.utils.pin_memory_output",
+        "torchrl.data.replay_buffers.TensorDictReplayBuffer.sample",
+        "every TorchRL replay buffer method decorated with pin_memory_output "
+        "(ReplayBuffer._sample, ReplayBuffer.__getitem__, TensorDictReplayBuffer._sample, ...)",
+    )
+    stock_classes = ("torchrl.data.replay_buffers.ReplayBuffer",)
+
+    # Fingerprints of the stock code this fix was written against (0.11.1 to 0.14.1).
+    stock_fingerprints = {
+        "pin_memory_output": {"00f217e53bcd60d6"},
+        "_pin_memory": {"fe2edbb01bceb61d"},
+        "TensorDictReplayBuffer.sample": {"1586db08ca9d097b"},
+    }
+
+    def plan(self) -> list[Replacement]:
+        if _IMPORT_ERROR is not None:
+            raise TargetChanged(f"cannot import TorchRL's replay buffer utilities ({_IMPORT_ERROR})")
+        from torchrl.data.replay_buffers import ReplayBuffer, TensorDictReplayBuffer
+
+        stock = {
+            "pin_memory_output": getattr(_rb_utils, "pin_memory_output", None),
+            "_pin_memory": getattr(_rb_utils, "_pin_memory", None),
+            "TensorDictReplayBuffer.sample": vars(TensorDictReplayBuffer).get("sample"),
+        }
+        for path, func in stock.items():
+            if not isinstance(func, types.FunctionType):
+                raise TargetChanged(f"{path} is missing")
+            if source_fingerprint(func) not in self.stock_fingerprints[path]:
+                raise TargetChanged(
+                    f"{path} is not the code this fix replaces (changed or fixed upstream)"
+                )
+        stock_code = _rb_utils.pin_memory_output(lambda self: None).__code__
+
+        replacements = [
+            Replacement(_rb_utils, "pin_memory_output", pin_memory_output),
+            Replacement(
+                TensorDictReplayBuffer,
+                "sample",
+                _tensordict_replay_buffer_sample(TensorDictReplayBuffer),
+            ),
+        ]
+        for cls in _torchrl_subclasses(ReplayBuffer):
+            for attr, method in vars(cls).items():
+                new = _redecorate(method, stock_code)
+                if new is not None:
+                    replacements.append(Replacement(cls, attr, new))
+        found = {(r.owner, r.name) for r in replacements}
+        for required in (
+            (ReplayBuffer, "_sample"),
+            (ReplayBuffer, "__getitem__"),
+            (TensorDictReplayBuffer, "_sample"),
+        ):
+            if required not in found:
+                raise TargetChanged(
+                    f"{required[0].__qualname__}.{required[1]} is no longer decorated "
+                    "with pin_memory_output"
+                )
+        return replacements

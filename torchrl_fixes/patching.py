@@ -1,0 +1,155 @@
+"""Saved originals for every attribute a fix replaces.
+
+Modelled on ``gevent.monkey``: a replacement is recorded with the exact object it
+displaced, so :func:`get_original` can hand that object back by name and removing
+the patch puts the very same object (identity, not a copy) back in place.
+"""
+from __future__ import annotations
+
+import importlib
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+_MISSING = object()
+
+# (id(owner), attribute name) -> its installed record, for every patch in place.
+_active: dict[tuple[int, str], _Installed] = {}
+_lock = threading.RLock()
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """One attribute of one module or class, and what a fix puts there.
+
+    Args:
+        owner (module or type): the object whose attribute is replaced.
+        name (str): the attribute name.
+        new (Any): the object installed while the fix is applied.
+    """
+
+    owner: Any
+    name: str
+    new: Any
+
+    @property
+    def path(self) -> str:
+        return f"{_owner_path(self.owner)}.{self.name}"
+
+
+@dataclass
+class _Installed:
+    replacement: Replacement
+    original: Any  # the owner's own attribute, or _MISSING when it was inherited
+
+
+def _owner_path(owner: Any) -> str:
+    if isinstance(owner, type):
+        return f"{owner.__module__}.{owner.__qualname__}"
+    return getattr(owner, "__name__", repr(owner))
+
+
+def _own_attribute(owner: Any, name: str) -> Any:
+    # Read through __dict__ so descriptors (staticmethod, property) come back as stored.
+    return vars(owner).get(name, _MISSING)
+
+
+def _resolve_owner(owner: Any) -> Any:
+    if not isinstance(owner, str):
+        return owner
+    module_name, _, rest = owner, "", ""
+    while True:
+        try:
+            obj = importlib.import_module(module_name)
+            break
+        except ImportError:
+            if "." not in module_name:
+                raise
+            module_name, _, tail = module_name.rpartition(".")
+            rest = f"{tail}.{rest}" if rest else tail
+    for part in filter(None, rest.split(".")):
+        obj = getattr(obj, part)
+    return obj
+
+
+def install(replacements: list[Replacement]) -> list[_Installed]:
+    """Installs every replacement, or none of them.
+
+    If setting any attribute fails, the ones already set are put back before the
+    error propagates, so a fix is never left half-applied.
+    """
+    done: list[_Installed] = []
+    with _lock:
+        try:
+            for rep in replacements:
+                key = (id(rep.owner), rep.name)
+                if key in _active:
+                    raise RuntimeError(f"{rep.path} is already patched")
+                record = _Installed(rep, _own_attribute(rep.owner, rep.name))
+                setattr(rep.owner, rep.name, rep.new)
+                _active[key] = record
+                done.append(record)
+        except BaseException:
+            uninstall(done)
+            raise
+    return done
+
+
+def uninstall(installed: list[_Installed]) -> None:
+    """Puts back the original objects, newest patch first."""
+    with _lock:
+        for record in reversed(installed):
+            rep = record.replacement
+            if record.original is _MISSING:
+                delattr(rep.owner, rep.name)
+            else:
+                setattr(rep.owner, rep.name, record.original)
+            _active.pop((id(rep.owner), rep.name), None)
+
+
+def is_object_patched(owner: Any, name: str) -> bool:
+    """Whether ``owner.name`` is currently replaced by a fix.
+
+    Args:
+        owner (module, type or str): the module or class, or its dotted path
+            (``"torchrl.data.replay_buffers.utils"``,
+            ``"torchrl.data.TensorDictReplayBuffer"``).
+        name (str): the attribute name.
+
+    Examples:
+        >>> import torchrl_fixes
+        >>> torchrl_fixes.is_object_patched("torchrl.data.TensorDictReplayBuffer", "sample")
+        True
+    """
+    with _lock:
+        return (id(_resolve_owner(owner)), name) in _active
+
+
+def get_original(owner: Any, name: str) -> Any:
+    """The object ``owner.name`` held before any fix replaced it.
+
+    When the attribute is not patched, this is simply its current value.
+
+    Args:
+        owner (module, type or str): the module or class, or its dotted path.
+        name (str): the attribute name.
+
+    Examples:
+        >>> import torchrl_fixes
+        >>> from torchrl.data import TensorDictReplayBuffer
+        >>> stock = torchrl_fixes.get_original(TensorDictReplayBuffer, "sample")
+        >>> stock is TensorDictReplayBuffer.sample
+        False
+    """
+    owner = _resolve_owner(owner)
+    with _lock:
+        record = _active.get((id(owner), name))
+        if record is None:
+            return getattr(owner, name)
+        if record.original is not _MISSING:
+            return record.original
+    # Inherited before the patch: the original is what lookup finds past the owner.
+    for base in owner.__mro__[1:]:
+        if name in vars(base):
+            return vars(base)[name]
+    raise AttributeError(name)

@@ -1,0 +1,294 @@
+"""The fixes torchrl_fixes knows, and turning them on and off.
+
+The shape follows OpenTelemetry's ``BaseInstrumentor``: every fix declares the
+TorchRL releases it supports and the objects it replaces; applying and removing
+it are idempotent; a fix that cannot apply cleanly is skipped with a warning that
+says why, and is never left half-applied.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Iterator, Sequence
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+from torchrl_fixes import patching
+from torchrl_fixes.patching import Replacement
+from torchrl_fixes.versions import installed_version
+from torchrl_fixes.warning_categories import FixSkippedWarning, warn_at_caller
+
+logger = logging.getLogger("torchrl_fixes")
+
+# Instance attribute set on objects built inside ``disabled()``: they keep running stock code.
+STOCK_MARK = "_torchrl_fixes_stock"
+
+
+class TargetChanged(Exception):
+    """A fix's target is missing or no longer looks like the code the fix replaces."""
+
+
+class Fix:
+    """Base class of a fix.
+
+    A subclass declares what it is and where it applies, and implements
+    :meth:`plan`, which inspects the installed TorchRL and returns the attribute
+    replacements that apply the fix. The registry installs them all or none.
+
+    Class attributes:
+        name (str): the identifier used by :func:`activate` and ``TORCHRL_FIXES``.
+        summary (str): one line on what the fix changes.
+        upstream_issue (str): the URL of the TorchRL issue the fix answers.
+        torchrl_versions (SpecifierSet): the TorchRL releases the fix was checked on.
+        targets (tuple of str): dotted paths of what the fix replaces, for status and docs.
+        stock_classes (tuple of str): dotted paths of the classes whose instances,
+            when built inside :func:`disabled`, keep running stock code afterwards.
+    """
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    upstream_issue: ClassVar[str]
+    torchrl_versions: ClassVar[SpecifierSet]
+    targets: ClassVar[tuple[str, ...]] = ()
+    stock_classes: ClassVar[tuple[str, ...]] = ()
+
+    def plan(self) -> list[Replacement]:
+        """The replacements that apply this fix to the installed TorchRL.
+
+        Raises:
+            TargetChanged: a target is missing, or its code is not what the fix replaces.
+        """
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class FixStatus:
+    """Where one fix stands in this process.
+
+    Attributes:
+        name (str): the fix.
+        summary (str): what it changes.
+        upstream_issue (str): the TorchRL issue it answers.
+        torchrl_versions (str): the supported releases, as a specifier.
+        state (str): ``"applied"``, ``"skipped"`` (it was asked for and could not
+            apply) or ``"inactive"`` (not asked for, or deactivated).
+        reason (str): why it is not applied; empty when it is.
+    """
+
+    name: str
+    summary: str
+    upstream_issue: str
+    torchrl_versions: str
+    state: str
+    reason: str
+
+    @property
+    def applied(self) -> bool:
+        return self.state == "applied"
+
+
+class StatusReport(list):
+    """The status of every fix, printable as a table."""
+
+    def __init__(self, rows: Sequence[FixStatus], torchrl: str, tensordict: str):
+        super().__init__(rows)
+        self.torchrl = torchrl
+        self.tensordict = tensordict
+
+    def __getitem__(self, item):
+        if isinstance(item, str):
+            for row in self:
+                if row.name == item:
+                    return row
+            raise KeyError(item)
+        return super().__getitem__(item)
+
+    def __str__(self) -> str:
+        header = ("fix", "state", "torchrl", "why")
+        rows = [(r.name, r.state, r.torchrl_versions, r.reason or "-") for r in self]
+        widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+        lines = [f"torchrl {self.torchrl}, tensordict {self.tensordict}"]
+        for row in (header, *rows):
+            lines.append("  ".join(str(x).ljust(w) for x, w in zip(row, widths)).rstrip())
+        return "\n".join(lines)
+
+
+def _stock_aware(original: Callable, replacement: Callable) -> Callable:
+    """A method that runs ``replacement``, or ``original`` on objects built while disabled."""
+
+    @functools.wraps(replacement)
+    def method(self, *args, **kwargs):
+        if getattr(self, "__dict__", {}).get(STOCK_MARK, False):
+            return original(self, *args, **kwargs)
+        return replacement(self, *args, **kwargs)
+
+    method.__torchrl_fixes_replacement__ = replacement
+    return method
+
+
+def _marking_init(original_init: Callable) -> Callable:
+    @functools.wraps(original_init)
+    def __init__(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        self.__dict__[STOCK_MARK] = True
+
+    return __init__
+
+
+def format_range(versions: SpecifierSet) -> str:
+    """A version range written low to high (``>=0.11,<0.15``), not in SpecifierSet's text order."""
+    return ",".join(
+        str(spec) for spec in sorted(versions, key=lambda spec: (Version(spec.version), spec.operator))
+    )
+
+
+def _resolve(path: str) -> Any:
+    return patching._resolve_owner(path)
+
+
+class Registry:
+    """Knows every fix, applies and removes them, and reports their status.
+
+    Args:
+        fixes (sequence of Fix): the fixes, in the order they are applied.
+    """
+
+    def __init__(self, fixes: Sequence[Fix]):
+        self._fixes = {fix.name: fix for fix in fixes}
+        self._installed: dict[str, list] = {}
+        self._skipped: dict[str, str] = {}
+        self._inactive: dict[str, str] = {name: "not requested" for name in self._fixes}
+        self._lock = threading.RLock()
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._fixes)
+
+    def _select(self, names: Sequence[str]) -> list[Fix]:
+        unknown = [n for n in names if n not in self._fixes]
+        if unknown:
+            raise ValueError(
+                f"unknown fix name(s) {', '.join(map(repr, unknown))}; "
+                f"known fixes: {', '.join(self._fixes)}"
+            )
+        return [self._fixes[n] for n in (names or self._fixes)]
+
+    def _skip_reason(self, fix: Fix) -> str | None:
+        version = installed_version("torchrl")
+        if version is None:
+            return "cannot tell which TorchRL release is installed"
+        if not fix.torchrl_versions.contains(version, prereleases=True):
+            return f"TorchRL {version} is outside the supported range {format_range(fix.torchrl_versions)}"
+        return None
+
+    def _wrap_methods(self, replacements: list[Replacement]) -> list[Replacement]:
+        wrapped = []
+        for rep in replacements:
+            if isinstance(rep.owner, type) and callable(rep.new) and not isinstance(rep.new, type):
+                original = getattr(rep.owner, rep.name, None)
+                if callable(original):
+                    rep = Replacement(rep.owner, rep.name, _stock_aware(original, rep.new))
+            wrapped.append(rep)
+        return wrapped
+
+    def activate(self, *names: str) -> list[str]:
+        """Applies the named fixes (all if none is named); returns those now applied.
+
+        Applying an applied fix does nothing. A fix that does not support the
+        installed TorchRL, or whose targets changed, is skipped with a
+        :class:`~torchrl_fixes.FixSkippedWarning` saying why.
+        """
+        with self._lock:
+            for fix in self._select(names):
+                if fix.name in self._installed:
+                    continue
+                reason = self._skip_reason(fix)
+                replacements = None
+                if reason is None:
+                    try:
+                        replacements = self._wrap_methods(fix.plan())
+                    except TargetChanged as err:
+                        reason = f"target changed: {err}"
+                    except ImportError as err:
+                        reason = f"target missing: {err}"
+                if reason is not None:
+                    self._skipped[fix.name] = reason
+                    self._inactive.pop(fix.name, None)
+                    logger.warning("fix %s skipped: %s", fix.name, reason)
+                    warn_at_caller(
+                        f"torchrl_fixes: {fix.name} skipped: {reason}", FixSkippedWarning
+                    )
+                    continue
+                self._installed[fix.name] = patching.install(replacements)
+                self._skipped.pop(fix.name, None)
+                self._inactive.pop(fix.name, None)
+                logger.debug("fix %s applied", fix.name)
+            return self.applied()
+
+    def deactivate(self, *names: str) -> None:
+        """Removes the named fixes (all if none is named), restoring the original objects."""
+        with self._lock:
+            for fix in reversed(self._select(names)):
+                records = self._installed.pop(fix.name, None)
+                if records is not None:
+                    patching.uninstall(records)
+                    self._inactive[fix.name] = "deactivated"
+
+    def applied(self) -> list[str]:
+        with self._lock:
+            return [name for name in self._fixes if name in self._installed]
+
+    @contextlib.contextmanager
+    def disabled(self) -> Iterator[None]:
+        """Runs a block on stock TorchRL.
+
+        Every applied fix is removed for the duration of the block and applied again
+        on exit. Objects built inside the block (replay buffers, samplers) stay stock
+        objects afterwards: patched methods hand them to the original code.
+        """
+        with self._lock:
+            names = self.applied()
+            self.deactivate(*names)
+            marks = []
+            for path in dict.fromkeys(p for n in names for p in self._fixes[n].stock_classes):
+                cls = _resolve(path)
+                marks.append(Replacement(cls, "__init__", _marking_init(cls.__init__)))
+            hooks = patching.install(marks)
+        try:
+            yield
+        finally:
+            with self._lock:
+                patching.uninstall(hooks)
+                if names:
+                    self.activate(*names)
+
+    def status(self) -> StatusReport:
+        """The state of every fix, with the reason when it is not applied."""
+        with self._lock:
+            rows = []
+            for name, fix in self._fixes.items():
+                if name in self._installed:
+                    state, reason = "applied", ""
+                elif name in self._skipped:
+                    state, reason = "skipped", self._skipped[name]
+                else:
+                    state, reason = "inactive", self._inactive.get(name, "not requested")
+                rows.append(
+                    FixStatus(
+                        name=name,
+                        summary=fix.summary,
+                        upstream_issue=fix.upstream_issue,
+                        torchrl_versions=format_range(fix.torchrl_versions),
+                        state=state,
+                        reason=reason,
+                    )
+                )
+        return StatusReport(
+            rows,
+            torchrl=str(installed_version("torchrl") or "unknown"),
+            tensordict=str(installed_version("tensordict") or "unknown"),
+        )

@@ -119,34 +119,22 @@ def _tuple_buffer(pin_memory, prefetch, tmp_path):
     return rb
 
 
-def _td_prioritized(pin_memory, prefetch, tmp_path):
-    from torchrl.data import LazyTensorStorage, TensorDictPrioritizedReplayBuffer
+def _prioritized_buffer(class_name):
+    def build(pin_memory, prefetch, tmp_path):
+        import torchrl.data
 
-    rb = TensorDictPrioritizedReplayBuffer(
-        alpha=0.7,
-        beta=0.5,
-        storage=LazyTensorStorage(N),
-        pin_memory=pin_memory,
-        prefetch=prefetch,
-        batch_size=12,
-    )
-    rb.extend(_transitions())
-    return rb
+        rb = getattr(torchrl.data, class_name)(
+            alpha=0.7,
+            beta=0.5,
+            storage=torchrl.data.LazyTensorStorage(N),
+            pin_memory=pin_memory,
+            prefetch=prefetch,
+            batch_size=12,
+        )
+        rb.extend(_transitions())
+        return rb
 
-
-def _prioritized(pin_memory, prefetch, tmp_path):
-    from torchrl.data import LazyTensorStorage, PrioritizedReplayBuffer
-
-    rb = PrioritizedReplayBuffer(
-        alpha=0.7,
-        beta=0.5,
-        storage=LazyTensorStorage(N),
-        pin_memory=pin_memory,
-        prefetch=prefetch,
-        batch_size=12,
-    )
-    rb.extend(_transitions())
-    return rb
+    return build
 
 
 BUFFERS = [
@@ -162,8 +150,14 @@ BUFFERS = [
     ),
     Buffer("ReplayBuffer+tensor", _tensor_buffer),
     Buffer("ReplayBuffer+tuple", _tuple_buffer),
-    Buffer("TensorDictPrioritizedReplayBuffer", _td_prioritized, prioritized=True),
-    Buffer("PrioritizedReplayBuffer", _prioritized, prioritized=True),
+    Buffer(
+        "TensorDictPrioritizedReplayBuffer",
+        _prioritized_buffer("TensorDictPrioritizedReplayBuffer"),
+        prioritized=True,
+    ),
+    Buffer(
+        "PrioritizedReplayBuffer", _prioritized_buffer("PrioritizedReplayBuffer"), prioritized=True
+    ),
 ]
 
 ACCESSES = {

@@ -54,6 +54,18 @@ def _own_attribute(owner: Any, name: str) -> Any:
     return vars(owner).get(name, _MISSING)
 
 
+def class_attribute(owner: Any, name: str) -> Any:
+    """``owner.name`` as stored: for a class, the raw entry of the first class in its MRO
+    that defines it (a ``staticmethod`` object, not the function it wraps); for a
+    module, the attribute itself."""
+    if not isinstance(owner, type):
+        return getattr(owner, name)
+    for klass in owner.__mro__:
+        if name in vars(klass):
+            return vars(klass)[name]
+    raise AttributeError(f"{owner.__qualname__} has no attribute {name!r}")
+
+
 def _resolve_owner(owner: Any) -> Any:
     if not isinstance(owner, str):
         return owner
@@ -128,7 +140,9 @@ def is_object_patched(owner: Any, name: str) -> bool:
 def get_original(owner: Any, name: str) -> Any:
     """The object ``owner.name`` held before any fix replaced it.
 
-    When the attribute is not patched, this is simply its current value.
+    When the attribute is not patched, this is its current value. For a class, the
+    attribute comes back as stored in the class (a ``staticmethod`` object, say),
+    whether or not it is patched.
 
     Args:
         owner (module, type or str): the module or class, or its dotted path.
@@ -145,11 +159,11 @@ def get_original(owner: Any, name: str) -> Any:
     with _lock:
         record = _active.get((id(owner), name))
         if record is None:
-            return getattr(owner, name)
+            return class_attribute(owner, name)
         if record.original is not _MISSING:
             return record.original
     # Inherited before the patch: the original is what lookup finds past the owner.
     for base in owner.__mro__[1:]:
         if name in vars(base):
             return vars(base)[name]
-    raise AttributeError(name)
+    raise AttributeError(f"{owner.__qualname__} has no attribute {name!r}")

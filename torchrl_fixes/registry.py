@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import logging
 import threading
 from dataclasses import dataclass
@@ -141,9 +142,12 @@ def _marking_init(original_init: Callable) -> Callable:
 
 def format_range(versions: SpecifierSet) -> str:
     """A version range written low to high (``>=0.11,<0.15``), not in SpecifierSet's text order."""
-    return ",".join(
-        str(spec) for spec in sorted(versions, key=lambda spec: (Version(spec.version), spec.operator))
-    )
+
+    def key(spec):
+        # "0.13.*" (with == or !=) sorts as 0.13
+        return (Version(spec.version.removesuffix(".*")), spec.operator)
+
+    return ",".join(str(spec) for spec in sorted(versions, key=key))
 
 
 def _resolve(path: str) -> Any:
@@ -188,9 +192,11 @@ class Registry:
     def _wrap_methods(self, replacements: list[Replacement]) -> list[Replacement]:
         wrapped = []
         for rep in replacements:
-            if isinstance(rep.owner, type) and callable(rep.new) and not isinstance(rep.new, type):
-                original = getattr(rep.owner, rep.name, None)
-                if callable(original):
+            # Plain functions only: staticmethod, classmethod and property objects
+            # take no instance to tell stock objects by.
+            if isinstance(rep.owner, type) and inspect.isfunction(rep.new):
+                original = patching.class_attribute(rep.owner, rep.name)
+                if inspect.isfunction(original):
                     rep = Replacement(rep.owner, rep.name, _stock_aware(original, rep.new))
             wrapped.append(rep)
         return wrapped
@@ -207,7 +213,6 @@ class Registry:
                 if fix.name in self._installed:
                     continue
                 reason = self._skip_reason(fix)
-                replacements = None
                 if reason is None:
                     try:
                         replacements = self._wrap_methods(fix.plan())
@@ -215,6 +220,11 @@ class Registry:
                         reason = f"target changed: {err}"
                     except ImportError as err:
                         reason = f"target missing: {err}"
+                if reason is None:
+                    try:
+                        self._installed[fix.name] = patching.install(replacements)
+                    except Exception as err:  # install() has already put everything back
+                        reason = f"could not be installed: {type(err).__name__}: {err}"
                 if reason is not None:
                     self._skipped[fix.name] = reason
                     self._inactive.pop(fix.name, None)
@@ -223,7 +233,6 @@ class Registry:
                         f"torchrl_fixes: {fix.name} skipped: {reason}", FixSkippedWarning
                     )
                     continue
-                self._installed[fix.name] = patching.install(replacements)
                 self._skipped.pop(fix.name, None)
                 self._inactive.pop(fix.name, None)
                 logger.debug("fix %s applied", fix.name)
@@ -253,11 +262,16 @@ class Registry:
         with self._lock:
             names = self.applied()
             self.deactivate(*names)
-            marks = []
-            for path in dict.fromkeys(p for n in names for p in self._fixes[n].stock_classes):
-                cls = _resolve(path)
-                marks.append(Replacement(cls, "__init__", _marking_init(cls.__init__)))
-            hooks = patching.install(marks)
+            try:
+                marks = []
+                for path in dict.fromkeys(p for n in names for p in self._fixes[n].stock_classes):
+                    cls = _resolve(path)
+                    marks.append(Replacement(cls, "__init__", _marking_init(cls.__init__)))
+                hooks = patching.install(marks)
+            except BaseException:
+                if names:
+                    self.activate(*names)
+                raise
         try:
             yield
         finally:

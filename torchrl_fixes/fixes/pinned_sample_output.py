@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import torch
 from packaging.specifiers import SpecifierSet
-from tensordict import is_tensor_collection, is_tensorclass
+from tensordict import TensorDictBase, is_tensor_collection, is_tensorclass
 from tensordict.utils import expand_as_right
 
 from torchrl_fixes.patching import Replacement
@@ -123,7 +123,7 @@ def _tensordict_replay_buffer_sample(__class__: type) -> Callable:
         batch_size: int | None = None,
         return_info: bool = False,
         include_info: bool | None = None,
-    ):
+    ) -> TensorDictBase:
         """Samples a batch of data from the replay buffer.
 
         Uses Sampler to sample indices, and retrieves them from Storage.

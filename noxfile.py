@@ -37,7 +37,10 @@ def _install(session: nox.Session, torchrl: str, torch: str = TORCH) -> None:
 def tests(session: nox.Session) -> None:
     """Unit tests of the package, and the conformance suite on the newest release."""
     _install(session, NEWEST)
-    session.run("python", "-m", "pytest", "tests", "conformance", *session.posargs)
+    session.run(
+        "python", "-m", "pytest", "--doctest-modules", "torchrl_fixes", "tests", "conformance",
+        *session.posargs,
+    )
 
 
 @nox.session

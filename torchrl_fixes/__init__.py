@@ -8,8 +8,8 @@ Examples:
     >>> import torchrl_fixes
     >>> print(torchrl_fixes.status())  # doctest: +SKIP
     torchrl 0.14.1, tensordict 0.14.3
-    fix                   state    torchrl        why
-    pinned_sample_output  applied  <0.15,>=0.11   -
+    fix                   state    torchrl       why
+    pinned_sample_output  applied  >=0.11,<0.15  -
     >>> with torchrl_fixes.disabled():
     ...     pass  # stock TorchRL here
 """

@@ -66,7 +66,8 @@ def class_attribute(owner: Any, name: str) -> Any:
     raise AttributeError(f"{owner.__qualname__} has no attribute {name!r}")
 
 
-def _resolve_owner(owner: Any) -> Any:
+def resolve_path(owner: Any) -> Any:
+    """The module or class a dotted path names (``"torchrl.data.ReplayBuffer"``); objects pass through."""
     if not isinstance(owner, str):
         return owner
     module_name, _, rest = owner, "", ""
@@ -134,7 +135,7 @@ def is_object_patched(owner: Any, name: str) -> bool:
         True
     """
     with _lock:
-        return (id(_resolve_owner(owner)), name) in _active
+        return (id(resolve_path(owner)), name) in _active
 
 
 def get_original(owner: Any, name: str) -> Any:
@@ -155,7 +156,7 @@ def get_original(owner: Any, name: str) -> Any:
         >>> stock is TensorDictReplayBuffer.sample
         False
     """
-    owner = _resolve_owner(owner)
+    owner = resolve_path(owner)
     with _lock:
         record = _active.get((id(owner), name))
         if record is None:

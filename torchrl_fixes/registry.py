@@ -13,7 +13,7 @@ import inspect
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Iterator, Sequence
+from typing import Callable, ClassVar, Iterator, Sequence
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
@@ -127,7 +127,6 @@ def _stock_aware(original: Callable, replacement: Callable) -> Callable:
             return original(self, *args, **kwargs)
         return replacement(self, *args, **kwargs)
 
-    method.__torchrl_fixes_replacement__ = replacement
     return method
 
 
@@ -148,10 +147,6 @@ def format_range(versions: SpecifierSet) -> str:
         return (Version(spec.version.removesuffix(".*")), spec.operator)
 
     return ",".join(str(spec) for spec in sorted(versions, key=key))
-
-
-def _resolve(path: str) -> Any:
-    return patching._resolve_owner(path)
 
 
 class Registry:
@@ -265,7 +260,7 @@ class Registry:
             try:
                 marks = []
                 for path in dict.fromkeys(p for n in names for p in self._fixes[n].stock_classes):
-                    cls = _resolve(path)
+                    cls = patching.resolve_path(path)
                     marks.append(Replacement(cls, "__init__", _marking_init(cls.__init__)))
                 hooks = patching.install(marks)
             except BaseException:

@@ -60,7 +60,11 @@ def class_attribute(owner: Any, name: str) -> Any:
     module, the attribute itself."""
     if not isinstance(owner, type):
         return getattr(owner, name)
-    for klass in owner.__mro__:
+    return _stored_in(owner.__mro__, owner, name)
+
+
+def _stored_in(classes: tuple[type, ...], owner: type, name: str) -> Any:
+    for klass in classes:
         if name in vars(klass):
             return vars(klass)[name]
     raise AttributeError(f"{owner.__qualname__} has no attribute {name!r}")
@@ -164,7 +168,4 @@ def get_original(owner: Any, name: str) -> Any:
         if record.original is not _MISSING:
             return record.original
     # Inherited before the patch: the original is what lookup finds past the owner.
-    for base in owner.__mro__[1:]:
-        if name in vars(base):
-            return vars(base)[name]
-    raise AttributeError(f"{owner.__qualname__} has no attribute {name!r}")
+    return _stored_in(owner.__mro__[1:], owner, name)

@@ -104,3 +104,48 @@ def no_accelerator():
     """Skips where an accelerator exists: the test is about machines without one."""
     if torch.accelerator.is_available():
         pytest.skip("an accelerator is available")
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("slice sampling speed (conformance/test_speed_slice_sampling.py)")
+    group.addoption(
+        "--slice-scale",
+        choices=("ci", "report", "full"),
+        default="ci",
+        help=(
+            "Buffer sizes of the slice-sampling benchmarks (marker 'speed'). Each scale adds "
+            "rows to the one before. ci (default): 1M-2M transitions, the whole file in about "
+            "3 minutes on 2 CPU cores, under 2 GB of memory. report: adds the issue's 5M/6M and "
+            "5M/600M seed-table rows and the 40M online loop; needs about 8.5 GB available. "
+            "full: adds 346M stored / 600M capacity; needs about 11 GB available for the "
+            "episode-id rows and 7 GB for the done-flag rows, and a long run (each buffer "
+            "takes about a minute to fill). Rows that do not fit in the available memory "
+            "are skipped, saying how much they need."
+        ),
+    )
+    group.addoption(
+        "--slice-threads",
+        type=int,
+        default=None,
+        help=(
+            "torch.set_num_threads for the slice-sampling benchmarks (default: leave torch's "
+            "setting). On a shared machine, 1 gives steadier timings."
+        ),
+    )
+
+
+@pytest.fixture(scope="session")
+def slice_scale(request) -> str:
+    """The ``--slice-scale`` the slice-sampling benchmarks run at."""
+    return request.config.getoption("--slice-scale")
+
+
+@pytest.fixture(scope="module")
+def slice_threads(request):
+    """Applies ``--slice-threads`` for a module, and puts torch's setting back after it."""
+    threads = request.config.getoption("--slice-threads")
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    yield torch.get_num_threads()
+    torch.set_num_threads(before)

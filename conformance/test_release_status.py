@@ -19,10 +19,10 @@ from torchrl_fixes.versions import installed_version
 # Release -> the fixes that must be applied there. A release missing here is not
 # supported: every fix must be skipped on it, each with its reason.
 EXPECTED_APPLIED = {
-    "0.11.1": {"pinned_sample_output"},
-    "0.12.0": {"pinned_sample_output"},
-    "0.13.3": {"pinned_sample_output"},
-    "0.14.1": {"pinned_sample_output"},
+    "0.11.1": {"pinned_sample_output", "slice_boundary_index", "single_gather"},
+    "0.12.0": {"pinned_sample_output", "slice_boundary_index", "single_gather"},
+    "0.13.3": {"pinned_sample_output", "slice_boundary_index", "single_gather"},
+    "0.14.1": {"pinned_sample_output", "slice_boundary_index", "single_gather"},
 }
 
 

@@ -18,6 +18,7 @@ import pytest
 
 import torchrl_fixes
 from torchrl_fixes.fixes.pinned_sample_output import PinnedSampleOutput
+from torchrl_fixes.fixes.single_gather import SingleGather
 from torchrl_fixes.source_fingerprint import source_fingerprint
 
 MODULE = Path(torchrl_fixes.__file__).parent / "source_fingerprint.py"
@@ -38,11 +39,15 @@ def _stock_targets():
     from torchrl.data.replay_buffers import TensorDictReplayBuffer, utils
 
     with torchrl_fixes.disabled():
-        return {
+        targets = {
             "pin_memory_output": utils.pin_memory_output,
             "_pin_memory": utils._pin_memory,
             "TensorDictReplayBuffer.sample": TensorDictReplayBuffer.sample,
         }
+        for path, func in SingleGather().stock_targets().items():
+            if func is not None:
+                targets[f"single_gather {path}"] = func
+    return targets
 
 
 def _interpreter(version: str) -> list[str] | None:
@@ -62,7 +67,9 @@ def _pyenv_version(version: str) -> str | None:
 
 def test_stored_fingerprints_match_the_installed_targets():
     """This Python computes the fingerprints the fix stores, for the installed TorchRL."""
-    stored = PinnedSampleOutput.stock_fingerprints
+    stored = dict(PinnedSampleOutput.stock_fingerprints)
+    for path, fingerprints in SingleGather.known_fingerprints().items():
+        stored[f"single_gather {path}"] = fingerprints
     for name, func in _stock_targets().items():
         assert source_fingerprint(func) in stored[name], name
 

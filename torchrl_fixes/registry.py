@@ -48,6 +48,7 @@ class Fix:
         targets (tuple of str): dotted paths of what the fix replaces, for status and docs.
         stock_classes (tuple of str): dotted paths of the classes whose instances,
             when built inside :func:`disabled`, keep running stock code afterwards.
+        fallbacks (str): the configurations an applied fix leaves to stock code, if any.
     """
 
     name: ClassVar[str]
@@ -56,6 +57,7 @@ class Fix:
     torchrl_versions: ClassVar[SpecifierSet]
     targets: ClassVar[tuple[str, ...]] = ()
     stock_classes: ClassVar[tuple[str, ...]] = ()
+    fallbacks: ClassVar[str] = ""
 
     def plan(self) -> list[Replacement]:
         """The replacements that apply this fix to the installed TorchRL.
@@ -78,6 +80,7 @@ class FixStatus:
         state (str): ``"applied"``, ``"skipped"`` (it was asked for and could not
             apply) or ``"inactive"`` (not asked for, or deactivated).
         reason (str): why it is not applied; empty when it is.
+        fallbacks (str): the configurations the fix leaves to stock code, if any.
     """
 
     name: str
@@ -86,6 +89,7 @@ class FixStatus:
     torchrl_versions: str
     state: str
     reason: str
+    fallbacks: str = ""
 
     @property
     def applied(self) -> bool:
@@ -115,6 +119,9 @@ class StatusReport(list):
         lines = [f"torchrl {self.torchrl}, tensordict {self.tensordict}"]
         for row in (header, *rows):
             lines.append("  ".join(str(x).ljust(w) for x, w in zip(row, widths)).rstrip())
+        notes = [f"  {r.name}: {r.fallbacks}" for r in self if r.applied and r.fallbacks]
+        if notes:
+            lines += ["stock code still runs for:", *notes]
         return "\n".join(lines)
 
 
@@ -294,6 +301,7 @@ class Registry:
                         torchrl_versions=format_range(fix.torchrl_versions),
                         state=state,
                         reason=reason,
+                        fallbacks=fix.fallbacks,
                     )
                 )
         return StatusReport(

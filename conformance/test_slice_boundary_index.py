@@ -1,0 +1,833 @@
+"""Conformance of the ``slice_boundary_index`` fix.
+
+The fix keeps the trajectory boundaries of slice samplers (what
+``SliceSampler._get_stop_and_length(storage)`` returns) in an index that every
+storage write updates, instead of recomputing them from the whole storage at each
+sample. It must not change anything a buffer returns: every test here runs one
+scenario on stock TorchRL and once patched, from the same generator state, and
+asserts that each sample (indices, the info the sampler writes, the data), each
+value a write returns and each exception are identical. A scenario writes and
+samples in turn, so the index is checked after every kind of write.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import inspect
+import itertools
+import pickle
+import random
+import zlib
+
+import pytest
+import torch
+import torch.multiprocessing
+from tensordict import TensorDict
+
+import torchrl_fixes
+from conformance.harness import assert_identical, run_patched, run_stock
+from conformance.slice_scenarios import (
+    EPISODE_KEY,
+    KEY_KINDS,
+    PRIORITIZED_SAMPLER,
+    SAMPLER_CLASSES,
+    STORAGE_KINDS,
+    Recording,
+    SliceSetup,
+    extend_in_child,
+    new_scratch_dir,
+    record_write,
+    safe_build,
+    sample_step,
+    write_rows,
+)
+
+FIX = "slice_boundary_index"
+
+
+def _why_not_applied() -> str | None:
+    """Why the fix exists but is not applied here; None when it is applied or does not exist.
+
+    Before the fix exists, both runs of every test are stock: the tests still run,
+    and show the scenarios are deterministic.
+    """
+    if FIX not in torchrl_fixes.fix_names():
+        return None
+    try:
+        row = torchrl_fixes.status()[FIX]
+    except KeyError:
+        return None
+    return None if row.applied else f"{row.state}: {row.reason}"
+
+
+_NOT_APPLIED = _why_not_applied()
+pytestmark = [
+    pytest.mark.skipif(
+        _NOT_APPLIED is not None, reason=f"{FIX} is not applied on this TorchRL ({_NOT_APPLIED})"
+    ),
+    # Stock PrioritizedSliceSampler converts tensors with np.asarray(copy=False) at every sample.
+    pytest.mark.filterwarnings("ignore:__array__ implementation doesn't accept a copy keyword"),
+]
+
+
+def assert_same_as_stock(scenario, seed: int = 0, *, fresh_stock: bool = False):
+    """Runs ``scenario`` stock and patched and asserts identical records; returns stock's.
+
+    With ``fresh_stock``, stock recovers the boundaries from the whole storage at
+    every sample even where its ``cache_values`` cache would serve them: on TorchRL
+    0.11 to 0.13 that cache outlives writes that do not go through the sampler
+    (see :func:`test_stock_cache_goes_stale`), and the fix is meant to return what
+    stock returns when it is right.
+    """
+
+    def stock_scenario():
+        if not fresh_stock:
+            return scenario()
+        with stock_boundaries_from_scratch():
+            return scenario()
+
+    stock = run_stock(stock_scenario, seed)
+    patched = run_patched(scenario, seed)
+    assert_identical(stock, patched)
+    return stock
+
+
+@contextlib.contextmanager
+def stock_boundaries_from_scratch():
+    """Inside ``disabled()``: stock SliceSamplers drop their cached boundaries before each use."""
+    from torchrl.data.replay_buffers.samplers import SliceSampler
+
+    stock = SliceSampler._get_stop_and_length
+
+    def from_scratch(self, storage, fallback=True):
+        self._cache.pop("stop-and-length", None)
+        return stock(self, storage, fallback)
+
+    SliceSampler._get_stop_and_length = from_scratch
+    try:
+        yield
+    finally:
+        SliceSampler._get_stop_and_length = stock
+
+
+STOCK_CACHE_GOES_STALE = "stop-and-length" in inspect.getsource(
+    __import__("torchrl.data.replay_buffers.samplers", fromlist=["SliceSampler"]).SliceSampler._get_stop_and_length
+)
+
+
+@pytest.mark.stock_bug
+@pytest.mark.skipif(not STOCK_CACHE_GOES_STALE, reason="stock keys its cache on a storage revision here")
+def test_stock_cache_goes_stale():
+    """Stock 0.11-0.13, cache_values=True: a write through storage.set keeps the old boundaries."""
+    from torchrl.data import LazyTensorStorage, SliceSampler
+
+    def scenario():
+        storage = LazyTensorStorage(20)
+        step = torch.arange(20)
+        storage.set(step, TensorDict({"episode": step // 5}, [20]))
+        sampler = SliceSampler(slice_len=2, traj_key="episode", cache_values=True)
+        before = sampler._get_stop_and_length(storage)
+        storage.set(torch.arange(3), TensorDict({"episode": torch.tensor([7, 8, 9])}, [3]))
+        return before, sampler._get_stop_and_length(storage)
+
+    stock_before, stock_after = run_stock(scenario)
+    _, patched_after = run_patched(scenario)
+    assert all(torch.equal(a, b) for a, b in zip(stock_before, stock_after))  # stale
+    assert patched_after[2].numel() == stock_after[2].numel() + 3  # the three new episodes
+
+
+def setup_params(setups) -> list:
+    """``setups`` as pytest parameters named after them; prioritized ones marked."""
+    return [
+        pytest.param(s, id=str(s), marks=[pytest.mark.torchrl_extension] if s.prioritized else [])
+        for s in setups
+    ]
+
+
+def require(setup: SliceSetup, request) -> None:
+    """Skips where this TorchRL cannot build ``setup``'s sampler as asked."""
+    if setup.prioritized:
+        request.getfixturevalue("torchrl_extension")
+    missing = setup.missing_arguments()
+    if missing:
+        pytest.skip(f"{setup.sampler} takes no {', '.join(missing)} on this TorchRL")
+
+
+# ---------------------------------------------------------------------------
+# The matrix: sampler x storage x keys x fill state x strict_length x options.
+# ---------------------------------------------------------------------------
+
+FILL_STATES = ("partial", "full", "wrapped")
+
+# Sampler options beyond the keys, each with a batch size they divide.
+OPTIONS = {
+    "num_slices": ((("num_slices", 4),), 24),
+    "slice_len": ((("slice_len", 5),), 20),
+    "span": ((("slice_len", 5), ("span", True)), 20),
+    "span(1,2)": ((("num_slices", 4), ("span", (1, 2))), 24),
+    "pad_output": ((("slice_len", 5), ("pad_output", True)), 20),
+    "cache_values": ((("num_slices", 4), ("cache_values", True)), 24),
+}
+
+# The options each sampler class takes (in some release; missing ones are skipped).
+SAMPLER_OPTIONS = {
+    "SliceSampler": list(OPTIONS),
+    "SliceSamplerWithoutReplacement": ["num_slices", "slice_len"],
+    "PrioritizedSliceSampler": ["num_slices", "slice_len", "span", "span(1,2)", "cache_values"],
+}
+
+
+def _matrix():
+    """Every sampler x storage x key kind x fill state x strict_length, with options in turn.
+
+    The options are not crossed with everything: each case takes one or two of its
+    sampler's options, rotated so that every option meets every fill state and
+    strict_length value, and every storage and key kind. About half the cases store
+    no ``is_init`` entry (chosen by a hash of the case), as data written without
+    ``InitTracker`` has none.
+    """
+    cases = []
+    for sampler in SAMPLER_CLASSES:
+        options = SAMPLER_OPTIONS[sampler]
+        picks = 2 if len(options) >= 4 else 1
+        pairs = itertools.product(STORAGE_KINDS, KEY_KINDS)
+        for rotation, (storage, keys) in enumerate(pairs):
+            combos = itertools.product(FILL_STATES, (True, False))
+            for combo, (fill, strict) in enumerate(combos):
+                for pick in range(picks):
+                    turn = combo + rotation + pick * len(options) // picks
+                    option = options[turn % len(options)]
+                    cases.append(_case(sampler, storage, keys, fill, strict, option))
+    return cases
+
+
+def _case(sampler, storage, keys, fill, strict, option):
+    label = "-".join([sampler, storage, keys, fill, "strict" if strict else "loose", option])
+    seed = zlib.crc32(label.encode())
+    with_is_init = seed % 2 == 0
+    options, batch_size = OPTIONS[option]
+    setup = SliceSetup(
+        sampler=sampler,
+        storage=storage,
+        keys=keys,
+        strict_length=strict,
+        options=options,
+        batch_size=batch_size,
+        with_is_init=with_is_init,
+    )
+    marks = [pytest.mark.torchrl_extension] if setup.prioritized else []
+    label += "" if with_is_init else "-no_is_init"
+    return pytest.param(setup, fill, seed, id=label, marks=marks)
+
+
+def interleaved_scenario(setup: SliceSetup, fill: str, seed: int, scratch):
+    """Fills a buffer to ``fill``, then samples and writes in turn, recording everything.
+
+    ``partial`` writes two thirds of the capacity, ``full`` exactly the capacity,
+    ``wrapped`` past it, stopping in the middle of an episode. Then come four
+    samples, with writes between them: a few rows, a single row, and more than
+    half the capacity (the ring wraps).
+    """
+
+    def scenario():
+        records = []
+        rb = safe_build(setup, scratch, records)
+        if rb is None:
+            return records
+        stream = setup.stream(seed)
+        steps = setup.time_capacity
+        if fill == "partial":
+            first_writes = [steps // 3, steps // 3]
+        elif fill == "full":
+            first_writes = [steps - 7, 7]
+        else:
+            total = stream.rows_to_episode_middle(steps + steps // 2)
+            first_writes = [steps - 5, total - (steps - 5)]
+        for rows in first_writes:
+            records.append(record_write(write_rows, rb, setup, stream.take(rows)))
+        for rows in (7, setup.single_write, steps // 2 + 3):
+            sample_step(rb, setup, records)
+            records.append(record_write(write_rows, rb, setup, stream.take(rows)))
+        sample_step(rb, setup, records)
+        return records
+
+    return scenario
+
+
+@pytest.mark.parametrize(("setup", "fill", "seed"), _matrix())
+def test_matrix_samples_match_stock(setup, fill, seed, tmp_path, request):
+    """Each sampler, storage, key kind, fill state and option samples exactly as stock."""
+    require(setup, request)
+    assert_same_as_stock(interleaved_scenario(setup, fill, seed, tmp_path), seed)
+
+
+# ---------------------------------------------------------------------------
+# Random interleaving of writes and samples.
+# ---------------------------------------------------------------------------
+
+RANDOM_SETUPS = [
+    SliceSetup(sampler="SliceSampler", storage="tensor", keys="traj_key"),
+    SliceSetup(
+        sampler="SliceSampler",
+        storage="memmap",
+        keys="end_key",
+        strict_length=False,
+        options=(("slice_len", 5),),
+        batch_size=20,
+    ),
+    SliceSetup(sampler="SliceSamplerWithoutReplacement", storage="ndim2", keys="auto"),
+    SliceSetup(
+        sampler="SliceSampler",
+        storage="ndim2",
+        keys="end_key",
+        strict_length=False,
+        options=(("num_slices", 4), ("cache_values", True)),
+        buffer="ReplayBuffer",
+    ),
+    SliceSetup(sampler="PrioritizedSliceSampler", storage="tensor", keys="end_key"),
+]
+
+
+def random_plan(setup: SliceSetup, seed: int, steps: int = 16) -> list[tuple[str, int]]:
+    """Random steps: sample, a single-row write, or a write of up to the whole capacity."""
+    rng = random.Random(seed)
+    plan = []
+    for _ in range(steps):
+        kind = rng.choices(["sample", "single", "extend"], weights=[4, 2, 4])[0]
+        if kind == "single":
+            plan.append(("write", setup.single_write))
+        elif kind == "extend":
+            plan.append(("write", rng.randint(2, setup.time_capacity)))
+        else:
+            plan.append(("sample", 0))
+    return plan
+
+
+def random_scenario(setup: SliceSetup, seed: int, scratch):
+    """Writes a third of the capacity, then follows :func:`random_plan`, recording each step."""
+    plan = random_plan(setup, seed)
+
+    def scenario():
+        run = Recording(setup, seed, scratch)
+        run.write(setup.time_capacity // 3)
+        for kind, rows in plan:
+            if kind == "write":
+                run.write(rows)
+            else:
+                run.sample()
+        return run.records
+
+    return scenario
+
+
+@pytest.mark.parametrize("seed", range(20))
+@pytest.mark.parametrize("setup", setup_params(RANDOM_SETUPS))
+def test_random_interleaving_matches_stock(setup, seed, tmp_path, request):
+    """Random single-row and multi-row writes (wrapping the ring) and samples: identical at every step."""
+    require(setup, request)
+    assert_same_as_stock(random_scenario(setup, seed, tmp_path), seed)
+
+
+# ---------------------------------------------------------------------------
+# Write paths: every way data reaches the storage, then samples.
+# ---------------------------------------------------------------------------
+
+WRITE_SETUPS = [
+    SliceSetup(sampler="SliceSampler", storage="tensor", keys="traj_key", strict_length=False),
+    SliceSetup(sampler="SliceSampler", storage="memmap", keys="end_key"),
+    SliceSetup(
+        sampler="SliceSampler",
+        storage="tensor",
+        keys="auto",
+        options=(("num_slices", 4), ("cache_values", True)),
+    ),
+    SliceSetup(sampler="SliceSamplerWithoutReplacement", storage="tensor", keys="end_key"),
+    SliceSetup(sampler="PrioritizedSliceSampler", storage="tensor", keys="traj_key"),
+]
+
+write_setups = pytest.mark.parametrize("setup", setup_params(WRITE_SETUPS))
+
+
+def stored_rows(rb, index) -> TensorDict:
+    """A copy of the rows the storage holds at ``index``."""
+    return rb._storage[index].clone()
+
+
+def relabel(rows: TensorDict, trajectory_id: int) -> TensorDict:
+    """Gives ``rows`` one trajectory id, under every id key they carry."""
+    ids = torch.full(rows.shape, trajectory_id, dtype=torch.int64)
+    rows[("collector", "traj_ids")] = ids
+    if EPISODE_KEY in rows.keys():
+        rows[EPISODE_KEY] = ids
+    return rows
+
+
+def set_end_flags(rows: TensorDict, ends: torch.Tensor) -> TensorDict:
+    """Sets ``done`` and ``truncated`` to ``ends`` and clears ``terminated``."""
+    ends = ends.reshape(*rows.shape, 1)
+    rows[("next", "done")] = ends.clone()
+    rows[("next", "truncated")] = ends.clone()
+    rows[("next", "terminated")] = torch.zeros_like(ends)
+    return rows
+
+
+def stored_ends(rb) -> torch.Tensor:
+    """Positions of the stored rows whose ``done`` flag is set."""
+    return rb._storage[:][("next", "done")].reshape(-1).nonzero().squeeze(-1)
+
+
+def write_path_test(setup, seed, tmp_path, request, write):
+    """Fills past capacity, samples, applies ``write(run)``, and compares every record."""
+    require(setup, request)
+
+    def scenario():
+        run = Recording(setup, seed, tmp_path)
+        run.fill_wrapped()
+        run.sample()
+        write(run)
+        run.sample(2)
+        return run.records
+
+    stock = assert_same_as_stock(scenario, seed, fresh_stock=True)
+    assert any(record[0] == "sample" for record in stock), "stock never sampled"
+
+
+@write_setups
+def test_extend_matches_stock(setup, tmp_path, request):
+    """extend() of a few rows, a third of the capacity, and all but one row, sampled in between."""
+
+    def write(run):
+        for rows in (3, setup.time_capacity // 3, setup.time_capacity - 1):
+            run.write(rows)
+            run.sample()
+
+    write_path_test(setup, 1, tmp_path, request, write)
+
+
+@write_setups
+def test_add_matches_stock(setup, tmp_path, request):
+    """add() of single rows, sampled after every third row."""
+
+    def write(run):
+        for i in range(15):
+            run.call(run.rb.add, run.stream.take(1)[0])
+            if i % 3 == 2:
+                run.sample()
+
+    write_path_test(setup, 2, tmp_path, request, write)
+
+
+@write_setups
+def test_setitem_matches_stock(setup, tmp_path, request):
+    """rb[idx] = td with int, slice, list and tensor indices that split, merge and relabel episodes."""
+
+    def write(run):
+        rb = run.rb
+        # An end flag in the middle of an episode splits it.
+        row = stored_rows(rb, 12)
+        run.call(rb.__setitem__, 12, set_end_flags(row, torch.tensor(True)))
+        run.sample()
+        # The next episode takes the id of the previous one, whose end flag goes: they merge.
+        ends = stored_ends(rb)
+        first_end, second_end = int(ends[1]), int(ends[2])
+        merged = torch.arange(first_end, second_end + 1)
+        rows = stored_rows(rb, merged)
+        relabel(rows, int(rows[("collector", "traj_ids")][0]))
+        rows[("next", "done")][0] = rows[("next", "truncated")][0] = False
+        run.call(rb.__setitem__, merged, rows)
+        run.sample()
+        # A new episode in the middle of the storage, written through a slice.
+        rows = relabel(stored_rows(rb, slice(20, 26)), 10_000)
+        run.call(rb.__setitem__, slice(20, 26), set_end_flags(rows, torch.arange(6) == 5))
+        run.sample()
+        # Fresh rows at scattered positions, through a list.
+        fresh = run.stream.take(3)
+        if "index" in rb._storage[:].keys():
+            fresh["index"] = torch.tensor([3, 7, 8])
+        run.call(rb.__setitem__, [3, 7, 8], fresh)
+        run.sample()
+        # Every end flag cleared: only the trajectory ids (or the cursor) separate episodes.
+        rows = stored_rows(rb, slice(None))
+        run.call(rb.__setitem__, slice(None), set_end_flags(rows, torch.zeros(rows.shape, dtype=torch.bool)))
+
+    write_path_test(setup, 3, tmp_path, request, write)
+
+
+@write_setups
+def test_in_place_buffer_setters_match_stock(setup, tmp_path, request):
+    """rb.set_at_, rb.set_ and rb.update_ (TorchRL >= 0.12) rewrite ids and end flags in place."""
+    if not hasattr(setup.buffer_class(), "set_at_"):
+        pytest.skip("this TorchRL has no ReplayBuffer.set_at_ / set_ / update_")
+
+    def write(run):
+        rb = run.rb
+        index = torch.tensor([4, 5, 9])
+        run.call(rb.set_at_, ("next", "done"), torch.ones(3, 1, dtype=torch.bool), index)
+        run.sample()
+        ids = rb._storage[:][("collector", "traj_ids")] // 2
+        for key in (EPISODE_KEY, ("collector", "traj_ids")):
+            if key in rb._storage[:].keys(include_nested=True):
+                run.call(rb.set_, key, ids)
+        done = rb._storage[:][("next", "done")]
+        run.call(rb.set_, ("next", "done"), done & (torch.arange(done.shape[0]) % 3 == 0).unsqueeze(-1))
+        run.sample()
+        stored = rb._storage[:]
+        update = TensorDict(
+            {("next", "done"): stored[("next", "truncated")] | stored[("next", "terminated")]},
+            stored.shape,
+        )
+        run.call(rb.update_, update)
+
+    write_path_test(setup, 4, tmp_path, request, write)
+
+
+@write_setups
+def test_storage_set_matches_stock(setup, tmp_path, request):
+    """storage.set(cursor, data) bypassing the buffer: at the writer's cursor, one row, and a range."""
+
+    def write(run):
+        storage = run.rb._storage
+        cursor = run.rb._writer._cursor
+        rows = torch.arange(cursor, cursor + 5) % setup.capacity
+        run.call(storage.set, rows, run.stream.take(5))
+        run.sample()
+        run.call(storage.set, 0, run.stream.take(1)[0])
+        run.sample()
+        run.call(storage.set, range(30, 38), run.stream.take(8))
+
+    write_path_test(setup, 5, tmp_path, request, write)
+
+
+@write_setups
+def test_storage_set_past_length_matches_stock(setup, tmp_path, request):
+    """storage.set() on a partly filled storage, from its length on: the length grows.
+
+    The buffer's writer does not see these rows, so its next write lands on them
+    and the storage counts them twice: the rows past the true end would then be
+    uninitialized memory, which no two runs read alike. The scenario stops before.
+    """
+    require(setup, request)
+
+    def scenario():
+        run = Recording(setup, 6, tmp_path)
+        run.write(20)
+        run.sample()
+        run.call(run.rb._storage.set, torch.arange(20, 26), run.stream.take(6))
+        run.sample(2)
+        run.call(run.rb._storage.set, 26, run.stream.take(1)[0])
+        run.sample(2)
+        return run.records
+
+    assert_same_as_stock(scenario, 6, fresh_stock=True)
+
+
+@write_setups
+def test_storage_setitem_matches_stock(setup, tmp_path, request):
+    """storage[idx] = data (no cursor, no length update) with a slice and a tensor index."""
+
+    def write(run):
+        storage = run.rb._storage
+        run.call(storage.__setitem__, slice(10, 16), run.stream.take(6))
+        run.sample()
+        index = torch.tensor([1, 2, 40, 41])
+        rows = set_end_flags(stored_rows(run.rb, index), torch.tensor([False, True, False, True]))
+        run.call(storage.__setitem__, index, relabel(rows, 20_000))
+
+    write_path_test(setup, 7, tmp_path, request, write)
+
+
+@write_setups
+def test_second_buffer_on_the_same_storage_matches_stock(setup, tmp_path, request):
+    """A second buffer on the same storage object writes (with its own cursor) while the first samples."""
+
+    def write(run):
+        second = setup.build_buffer(storage=run.rb._storage)
+        for rows in (6, 1, 11):
+            run.write(rows, rb=second)
+            run.sample()
+            run.sample(rb=second)
+
+    write_path_test(setup, 8, tmp_path, request, write)
+
+
+@write_setups
+def test_empty_then_refill_matches_stock(setup, tmp_path, request):
+    """rb.empty(), a sample of the empty buffer, then refills past capacity."""
+
+    def write(run):
+        run.call(run.rb.empty)
+        run.sample()
+        run.write(setup.time_capacity // 2)
+        run.sample()
+        run.fill_wrapped()
+
+    write_path_test(setup, 9, tmp_path, request, write)
+
+
+@write_setups
+def test_state_dict_round_trip_matches_stock(setup, tmp_path, request):
+    """load_state_dict() of a snapshot: into a fresh buffer, and into the same one after more writes."""
+
+    def write(run):
+        snapshot = copy.deepcopy(run.rb.state_dict())
+        fresh = setup.build_buffer(tmp_path)
+        run.call(fresh.load_state_dict, snapshot)
+        run.sample(2, rb=fresh)
+        run.write(9, rb=fresh)
+        run.sample(rb=fresh)
+        run.write(13)
+        run.sample()
+        run.call(run.rb.load_state_dict, snapshot)
+
+    write_path_test(setup, 10, tmp_path, request, write)
+
+
+@write_setups
+def test_dumps_loads_matches_stock(setup, tmp_path, request):
+    """rb.dumps(path) then loads(path): into a fresh buffer, and into the same one after more writes."""
+
+    def write(run):
+        path = new_scratch_dir(tmp_path)
+        run.call(run.rb.dumps, path)
+        fresh = setup.build_buffer(tmp_path)
+        run.call(fresh.loads, path)
+        run.sample(2, rb=fresh)
+        run.write(9, rb=fresh)
+        run.sample(rb=fresh)
+        run.write(13)
+        run.sample()
+        run.call(run.rb.loads, path)
+
+    write_path_test(setup, 11, tmp_path, request, write)
+
+
+@write_setups
+def test_pickled_buffer_matches_stock(setup, tmp_path, request):
+    """A buffer through pickle.dumps/loads samples and takes writes as the original would."""
+
+    def write(run):
+        clone = pickle.loads(pickle.dumps(run.rb))
+        run.sample(2, rb=clone)
+        run.write(9, rb=clone)
+        run.sample(rb=clone)
+        run.write(5)
+
+    write_path_test(setup, 12, tmp_path, request, write)
+
+
+@write_setups
+def test_deepcopied_buffer_matches_stock(setup, tmp_path, request):
+    """A copy.deepcopy of a buffer samples and takes writes independently of the original."""
+
+    def write(run):
+        clone = copy.deepcopy(run.rb)
+        run.sample(2, rb=clone)
+        run.write(9, rb=clone)
+        run.sample(rb=clone)
+        run.write(5)
+
+    write_path_test(setup, 13, tmp_path, request, write)
+
+
+def test_ndim2_storage_setitem_matches_stock(tmp_path, request):
+    """An ndim=2 storage written along time through storage[idx] = data, flipping end flags."""
+    setup = SliceSetup(sampler="SliceSampler", storage="ndim2", keys="end_key", strict_length=False)
+
+    def write(run):
+        storage = run.rb._storage
+        steps = slice(2, 6)
+        rows = stored_rows(run.rb, steps)
+        ends = torch.zeros(rows.shape, dtype=torch.bool)
+        ends[:, 1] = True
+        run.call(storage.__setitem__, steps, set_end_flags(rows, ends))
+        run.sample()
+        run.call(storage.set, torch.tensor([0, 1]), stored_rows(run.rb, torch.tensor([8, 9])))
+
+    write_path_test(setup, 14, tmp_path, request, write)
+
+
+# ---------------------------------------------------------------------------
+# Edge cases of the boundaries themselves.
+# ---------------------------------------------------------------------------
+
+def _sampler_and_cache():
+    """Each sampler with cache_values off and on; SliceSamplerWithoutReplacement always caches."""
+    params = []
+    for sampler, cache in itertools.product(SAMPLER_CLASSES, (False, True)):
+        if sampler == "SliceSamplerWithoutReplacement" and cache:
+            continue
+        marks = [pytest.mark.torchrl_extension] if sampler == PRIORITIZED_SAMPLER else []
+        label = sampler if sampler == "SliceSamplerWithoutReplacement" else f"{sampler}-cache={cache}"
+        params.append(pytest.param(sampler, cache, id=label, marks=marks))
+    return params
+
+
+sampler_and_cache = pytest.mark.parametrize(("sampler", "cache"), _sampler_and_cache())
+
+
+def edge_setup(sampler, cache, **fields) -> SliceSetup:
+    """A setup of ``sampler`` taking 4 slices, with ``cache_values=True`` when ``cache``."""
+    options = (("num_slices", 4),) + ((("cache_values", True),) if cache else ())
+    return SliceSetup(sampler=sampler, options=options, **fields)
+
+
+def through_fill_states(setup, seed, scratch, stream_options, final_rows=None):
+    """A scenario writing half the capacity, then exactly full, then wrapped.
+
+    After each write it records the boundaries and two samples. ``final_rows(stream,
+    steps)`` chooses the size of the wrapping write (half the capacity by default).
+    """
+
+    def scenario():
+        run = Recording(setup, seed, scratch, stream=setup.stream(seed, **stream_options))
+        steps = setup.time_capacity
+        for rows in (steps // 2, steps - steps // 2, None):
+            if rows is None:
+                rows = steps // 2 if final_rows is None else final_rows(run.stream, steps)
+            run.write(rows)
+            run.boundaries()
+            run.sample(2)
+        return run.records
+
+    return scenario
+
+
+@pytest.mark.parametrize("keys", ["traj_key", "end_key", "auto"])
+@sampler_and_cache
+def test_single_trajectory_without_end_flags(sampler, cache, keys, tmp_path, request):
+    """One trajectory that never ends (no done flag anywhere), partial, full and wrapped."""
+    setup = edge_setup(sampler, cache, keys=keys, strict_length=False)
+    require(setup, request)
+    no_end = {"min_episode_len": 10_000, "max_episode_len": 10_000}
+    assert_same_as_stock(through_fill_states(setup, 21, tmp_path, no_end))
+
+
+@pytest.mark.parametrize("strict", [True, False], ids=["strict", "loose"])
+@sampler_and_cache
+def test_every_row_an_episode_end(sampler, cache, strict, tmp_path, request):
+    """Every row is done (one-step episodes); strict_length=True makes stock raise, and patched too."""
+    setup = edge_setup(sampler, cache, keys="end_key", strict_length=strict)
+    require(setup, request)
+    one_step = {"max_episode_len": 1, "truncated_only_every": 0}
+    assert_same_as_stock(through_fill_states(setup, 22, tmp_path, one_step))
+
+
+@pytest.mark.parametrize("storage", ["tensor", "ndim2"])
+@sampler_and_cache
+def test_write_cursor_on_an_episode_end(sampler, cache, storage, tmp_path, request):
+    """The ring wraps and the last row written ends an episode."""
+    setup = edge_setup(sampler, cache, storage=storage, keys="traj_key", strict_length=False)
+    require(setup, request)
+
+    def to_an_end(stream, steps):
+        return stream.rows_to_episode_end(steps // 2 + 3)
+
+    assert_same_as_stock(through_fill_states(setup, 23, tmp_path, {}, to_an_end))
+
+
+@pytest.mark.parametrize("keys", ["traj_key", "end_key"])
+@sampler_and_cache
+def test_episode_across_the_wrap_point(sampler, cache, keys, tmp_path, request):
+    """An episode starts before the last storage row and goes on at row 0."""
+    setup = edge_setup(sampler, cache, keys=keys, strict_length=True)
+    require(setup, request)
+
+    def scenario():
+        run = Recording(setup, 24, tmp_path, stream=setup.stream(24, min_episode_len=6))
+        steps = setup.time_capacity
+        # Skip stream rows so that the last storage row falls inside an episode.
+        run.stream.take(run.stream.rows_to_episode_middle(steps) - steps)
+        run.write(steps - 5)
+        run.write(5)
+        run.boundaries()
+        run.sample(2)
+        run.write(2)
+        run.boundaries()
+        run.sample(2)
+        return run.records
+
+    assert_same_as_stock(scenario)
+
+
+@sampler_and_cache
+def test_buffer_with_its_own_generator(sampler, cache, tmp_path, request):
+    """The buffer's own torch.Generator, seeded identically in both runs, drives the samples."""
+    setup = edge_setup(sampler, cache, keys="end_key", generator_seed=1234)
+    require(setup, request)
+
+    def scenario():
+        run = Recording(setup, 25, tmp_path)
+        run.fill_wrapped()
+        for _ in range(3):
+            run.sample()
+            torch.rand(3)  # other code drawing from the global generator between samples
+            run.write(4)
+        return run.records
+
+    assert_same_as_stock(scenario)
+
+
+# ---------------------------------------------------------------------------
+# A writer in another process.
+# ---------------------------------------------------------------------------
+
+MULTIPROCESS_SETUPS = [
+    SliceSetup(sampler="SliceSampler", storage="memmap", keys="traj_key"),
+    SliceSetup(sampler="SliceSampler", storage="tensor", keys="end_key", strict_length=False),
+]
+ROWS_FROM_THE_CHILD = 17
+
+
+def newest_row(rb) -> int:
+    """The number of the newest stream row the storage holds."""
+    return int(rb._storage[:]["obs"][..., 0].max())
+
+
+def multiprocess_scenario(tmp_path, apply_fixes_in_child: bool):
+    """Shared buffers filled here, extended by a spawned child process, then sampled here.
+
+    The memory-mapped storage shares its files, the tensor storage is moved to
+    shared memory when the buffer is sent to the child. The child imports
+    ``torchrl_fixes`` only with ``apply_fixes_in_child``.
+    """
+
+    def scenario():
+        runs = [Recording(setup, 26, tmp_path, shared=True) for setup in MULTIPROCESS_SETUPS]
+        for run in runs:
+            run.fill_wrapped()
+            run.sample()
+        batches = [run.stream.take(ROWS_FROM_THE_CHILD) for run in runs]
+        before = [newest_row(run.rb) for run in runs]
+        context = torch.multiprocessing.get_context("spawn")
+        child = context.Process(
+            target=extend_in_child, args=([run.rb for run in runs], batches, apply_fixes_in_child)
+        )
+        child.start()
+        child.join(timeout=60)
+        if child.is_alive():
+            child.kill()
+            child.join()
+        after = [newest_row(run.rb) for run in runs]
+        records = [("child exit code", child.exitcode), ("newest rows", before, after)]
+        for run in runs:
+            run.sample(3)
+            run.write(5)
+            run.sample()
+            records.extend(run.records)
+        return records
+
+    return scenario
+
+
+def test_multiprocess_writer_matches_stock(tmp_path):
+    """A child process extends shared buffers (memmap, shared memory); the parent then samples.
+
+    Two spawned children (one per run) take a few seconds each: select or
+    deselect this test with ``-k multiprocess``.
+    """
+    stock = run_stock(multiprocess_scenario(tmp_path, apply_fixes_in_child=False), 26)
+    patched = run_patched(multiprocess_scenario(tmp_path, apply_fixes_in_child=True), 26)
+    assert stock[0] == ("child exit code", 0)
+    _, before, after = stock[1]
+    assert [b + ROWS_FROM_THE_CHILD for b in before] == after, "the parent did not see the child's rows"
+    assert_identical(stock, patched)

@@ -1,0 +1,457 @@
+"""Speed of ``SliceSampler``: stock TorchRL against ``torchrl_fixes``, on the same data.
+
+Every scenario is a pair of benchmarks in one pytest-benchmark group: ``stock``
+builds its buffer inside :func:`torchrl_fixes.disabled` (so it stays a stock buffer)
+and ``patched`` builds it with the fixes active. Both are filled with the same rows,
+and each timed call is exactly the operation the benchmark names. The ratio of the
+two medians, not the absolute times, is what the project quotes.
+
+Groups:
+
+- ``seed_table``: one ``rb.sample()`` of 256 slices of length 4 without the value
+  cache, on a buffer holding only what the sampler reads (the issue's table).
+- ``online step`` / ``online sample-after-write`` / ``online extend``: the online
+  loop (write 1,000 rows, sample 2,048 as 32 slices, value cache on).
+- ``tdmpc2 loop``: TD-MPC2's buffer, 50 samples then one 500-step episode written.
+- ``cold first sample``: the first sample of a buffer just filled.
+- ``extend room`` / ``extend wrap``: one write of 1,000 rows, into free room or over
+  the oldest rows of a full buffer.
+
+Sizes come from ``--slice-scale`` (``ci``, ``report``, ``full``). Every test here is
+marked ``speed``; deselect them with ``-m "not speed"``. With ``--benchmark-disable``
+each timed operation runs once. ``conformance/speed_report.py`` turns the
+``--benchmark-json`` output into a stock / patched table.
+"""
+from __future__ import annotations
+
+import gc
+import os
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torchrl
+from tensordict import TensorDict
+from torchrl.data import LazyTensorStorage, ReplayBuffer, SliceSampler, TensorDictReplayBuffer
+
+import torchrl_fixes
+
+pytestmark = [pytest.mark.speed, pytest.mark.usefixtures("slice_threads")]
+
+VARIANTS = ("stock", "patched")
+SCALES = ("ci", "report", "full")
+FILL_CHUNK = 5_000_000
+WRITE = 1_000
+TDMPC2_SAMPLES_PER_EPISODE = 50
+TDMPC2_EPISODE_LEN = 500
+GiB = 1 << 30
+
+# Bytes one row takes in the storage, per layout and trajectory key.
+ROW_BYTES = {
+    ("seed", "episode"): 4 + 8,
+    ("seed", "done"): 4 + 1,
+    ("online", "episode"): 16 + 8 + 1 + 1,
+    ("online", "done"): 16 + 8 + 1 + 1,
+    ("tdmpc2", "episode"): 4 + 8,
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One buffer configuration: layout, trajectory key, sizes, how many timed rounds."""
+
+    layout: str
+    key: str
+    stored: int
+    capacity: int
+    rounds: int
+    scale: str = "ci"
+    episode_len: int = 1_000
+    mode: str = "room"
+
+    @property
+    def id(self) -> str:
+        mode = "" if self.mode == "room" else f"-{self.mode}"
+        return f"{self.key}-{_size(self.stored)}-{_size(self.capacity)}{mode}"
+
+    def scenario(self, operation: str) -> str:
+        return f"{operation} {self.key} {_size(self.stored)}/{_size(self.capacity)}"
+
+    def memory_needed(self) -> int:
+        """Storage of the whole capacity, a stock boundary pass over the stored rows, slack."""
+        return ROW_BYTES[self.layout, self.key] * self.capacity + 8 * self.stored + GiB
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e6:g}M"
+
+
+KEYS = ("episode", "done")
+
+SEED_TABLE = [
+    *(Case("seed", k, 1_000_000, 1_200_000, rounds=30) for k in KEYS),
+    *(Case("seed", k, 1_000_000, 120_000_000, rounds=30) for k in KEYS),
+    *(Case("seed", k, 5_000_000, 6_000_000, rounds=10, scale="report") for k in KEYS),
+    *(Case("seed", k, 5_000_000, 600_000_000, rounds=10, scale="report") for k in KEYS),
+    *(Case("seed", k, 346_000_000, 600_000_000, rounds=5, scale="full") for k in KEYS),
+]
+ONLINE = [
+    *(Case("online", k, 2_000_000, 3_000_000, rounds=40) for k in KEYS),
+    *(Case("online", k, 40_000_000, 60_000_000, rounds=9, scale="report") for k in KEYS),
+]
+TDMPC2 = [
+    Case("tdmpc2", "episode", 1_000_000, 1_200_000, rounds=5, episode_len=TDMPC2_EPISODE_LEN),
+    Case(
+        "tdmpc2", "episode", 5_000_000, 6_000_000, rounds=3, scale="report",
+        episode_len=TDMPC2_EPISODE_LEN,
+    ),
+]
+COLD = [
+    *(Case("seed", k, 1_000_000, 1_200_000, rounds=9) for k in KEYS),
+    *(Case("seed", k, 5_000_000, 6_000_000, rounds=5, scale="report") for k in KEYS),
+    *(Case("seed", k, 346_000_000, 600_000_000, rounds=2, scale="full") for k in KEYS),
+]
+EXTEND = [
+    *(Case("online", k, 1_000_000, 1_500_000, rounds=200) for k in KEYS),
+    *(Case("online", k, 1_000_000, 1_000_000, rounds=200, mode="wrap") for k in KEYS),
+]
+
+
+def _cases(cases: list[Case], scale: str) -> list[Case]:
+    top = SCALES.index(scale)
+    return [case for case in cases if SCALES.index(case.scale) <= top]
+
+
+def _params(cases: list[Case]) -> list:
+    return [
+        pytest.param((case, variant), id=f"{case.id}-{variant}")
+        for case in cases
+        for variant in VARIANTS
+    ]
+
+
+def pytest_generate_tests(metafunc):
+    scale = metafunc.config.getoption("--slice-scale")
+    for name, cases in (
+        ("seed_table_rb", SEED_TABLE),
+        ("online_rb", ONLINE),
+        ("tdmpc2_rb", TDMPC2),
+        ("extend_rb", EXTEND),
+        ("cold_case", COLD),
+    ):
+        if name in metafunc.fixturenames:
+            metafunc.parametrize(name, _params(_cases(cases, scale)), indirect=True)
+
+
+# --- data -------------------------------------------------------------------------
+
+
+def _rows(case: Case, start: int, n: int) -> TensorDict:
+    """Rows ``start .. start + n`` of the endless stream of episodes ``case`` stores.
+
+    Step ``t`` belongs to episode ``t // episode_len`` and is done when it is the last
+    step of its episode, so every buffer of a case holds the same rows.
+    """
+    step = torch.arange(start, start + n)
+    episode = step // case.episode_len
+    done = ((step + 1) % case.episode_len == 0).unsqueeze(-1)
+    if case.layout == "online":
+        fields = {
+            "obs": torch.zeros(n, 4),
+            "episode": episode,
+            ("next", "done"): done,
+            ("next", "terminated"): done,
+        }
+    else:
+        fields = {"obs": torch.zeros(n, 1)}
+        if case.key == "episode":
+            fields["episode"] = episode
+        else:
+            fields[("next", "done")] = done
+    return TensorDict(fields, [n])
+
+
+def _key_kwargs(case: Case) -> dict:
+    if case.key == "episode":
+        return {"traj_key": "episode"}
+    return {"end_key": ("next", "done")}
+
+
+def _make_buffer(case: Case):
+    if case.layout == "seed":
+        sampler = SliceSampler(
+            num_slices=256, truncated_key=None, cache_values=False, **_key_kwargs(case)
+        )
+        return ReplayBuffer(
+            storage=LazyTensorStorage(case.capacity), sampler=sampler, batch_size=1024
+        )
+    if case.layout == "online":
+        sampler = SliceSampler(num_slices=32, cache_values=True, **_key_kwargs(case))
+        return TensorDictReplayBuffer(
+            storage=LazyTensorStorage(case.capacity), sampler=sampler, batch_size=2048
+        )
+    if case.layout == "tdmpc2":
+        sampler = SliceSampler(
+            num_slices=256,
+            end_key=None,
+            traj_key="episode",
+            truncated_key=None,
+            strict_length=True,
+            cache_values=False,
+        )
+        return ReplayBuffer(
+            storage=LazyTensorStorage(case.capacity), sampler=sampler, batch_size=1024
+        )
+    raise ValueError(case.layout)
+
+
+def _available_memory() -> int | None:
+    """Memory the system can hand out now: MemAvailable, else ``os.sysconf``'s free pages."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def _require_memory(case: Case) -> None:
+    needed = case.memory_needed()
+    available = _available_memory()
+    if available is not None and available < needed:
+        pytest.skip(
+            f"{case.scenario('buffer')} needs about {needed / GiB:.1f} GiB of memory, "
+            f"{available / GiB:.1f} GiB is available"
+        )
+
+
+class Filled:
+    """A buffer of one variant filled with ``case.stored`` rows, and where the stream is."""
+
+    def __init__(self, case: Case, variant: str):
+        self.case = case
+        self.variant = variant
+        _require_memory(case)
+        if variant == "stock":
+            with torchrl_fixes.disabled():
+                self.rb = _make_buffer(case)
+        else:
+            self.rb = _make_buffer(case)
+        self.pos = 0
+        while self.pos < case.stored:
+            self.rb.extend(self.next_rows(min(FILL_CHUNK, case.stored - self.pos)))
+        if case.mode == "wrap":
+            # Half an episode more than the buffer holds: the write cursor then sits
+            # mid-episode, and every later write overwrites parts of two old episodes.
+            self.rb.extend(self.next_rows(case.episode_len // 2))
+
+    def next_rows(self, n: int) -> TensorDict:
+        rows = _rows(self.case, self.pos, n)
+        self.pos += n
+        return rows
+
+    def release(self) -> None:
+        self.rb = None
+        gc.collect()
+
+
+def _filled(request):
+    case, variant = request.param
+    filled = Filled(case, variant)
+    filled.rb.sample()
+    yield filled
+    filled.release()
+
+
+@pytest.fixture(scope="module")
+def seed_table_rb(request):
+    """Seed-table buffer of one variant, filled and sampled once."""
+    yield from _filled(request)
+
+
+@pytest.fixture(scope="module")
+def online_rb(request):
+    """Online-loop buffer of one variant, filled and sampled once."""
+    yield from _filled(request)
+
+
+@pytest.fixture(scope="module")
+def tdmpc2_rb(request):
+    """TD-MPC2-shaped buffer of one variant, filled and sampled once."""
+    yield from _filled(request)
+
+
+@pytest.fixture(scope="module")
+def extend_rb(request):
+    """Buffer of one variant for the write benchmarks, filled and sampled once."""
+    yield from _filled(request)
+
+
+@pytest.fixture
+def cold_case(request):
+    """A (case, variant) pair: each round of the cold benchmark builds its own buffer."""
+    return request.param
+
+
+def _describe(benchmark, case: Case, variant: str, operation: str) -> None:
+    benchmark.group = case.scenario(operation)
+    benchmark.extra_info.update(
+        scenario=case.scenario(operation),
+        stored=case.stored,
+        capacity=case.capacity,
+        key=case.key,
+        variant=variant,
+        torchrl=torchrl.__version__,
+        applied=[] if variant == "stock" else list(_applied()),
+    )
+
+
+def _applied():
+    return (row.name for row in torchrl_fixes.status() if row.state == "applied")
+
+
+# --- 1. seed table ---------------------------------------------------------------
+
+
+def test_seed_table_sample(benchmark, seed_table_rb):
+    """One ``rb.sample()`` (256 slices of 4, no value cache) on a static filled buffer.
+
+    The issue's table: stock rebuilds the trajectory boundaries from every stored row
+    on each call, so its time grows with the stored size (and, for episode ids, with
+    the capacity); the index keeps the patched time flat.
+    """
+    filled = seed_table_rb
+    _describe(benchmark, filled.case, filled.variant, "seed_table")
+    benchmark.pedantic(filled.rb.sample, rounds=filled.case.rounds, warmup_rounds=1)
+
+
+# --- 2. online loop ----------------------------------------------------------------
+
+
+def test_online_step(benchmark, online_rb):
+    """One online step: ``extend`` 1,000 new rows, then ``sample`` 2,048 rows as 32 slices.
+
+    The value cache is on; stock drops it on every write, so each step pays a full
+    boundary rebuild.
+    """
+    filled = online_rb
+    _describe(benchmark, filled.case, filled.variant, "online step")
+
+    def step(rows):
+        filled.rb.extend(rows)
+        filled.rb.sample()
+
+    benchmark.pedantic(
+        step,
+        setup=lambda: ((filled.next_rows(WRITE),), {}),
+        rounds=filled.case.rounds,
+        warmup_rounds=1,
+    )
+
+
+def test_online_sample_after_write(benchmark, online_rb):
+    """The ``sample`` of an online step alone: 1,000 rows are written (untimed) before each."""
+    filled = online_rb
+    _describe(benchmark, filled.case, filled.variant, "online sample-after-write")
+
+    def write():
+        filled.rb.extend(filled.next_rows(WRITE))
+
+    benchmark.pedantic(filled.rb.sample, setup=write, rounds=filled.case.rounds, warmup_rounds=1)
+
+
+def test_online_extend(benchmark, online_rb):
+    """The ``extend`` of an online step alone: 1,000 rows, writes back to back, no sample."""
+    filled = online_rb
+    _describe(benchmark, filled.case, filled.variant, "online extend")
+    benchmark.pedantic(
+        filled.rb.extend,
+        setup=lambda: ((filled.next_rows(WRITE),), {}),
+        rounds=filled.case.rounds,
+        warmup_rounds=1,
+    )
+
+
+# --- 3. TD-MPC2 loop ---------------------------------------------------------------
+
+
+def test_tdmpc2_loop(benchmark, tdmpc2_rb):
+    """One episode of a TD-MPC2 learner: 50 samples (256 slices of 4), then one 500-step episode.
+
+    The sampler is TD-MPC2's (episode ids, no value cache, strict length). A round is
+    the whole loop; ``extra_info`` also gives the median per sample (round / 50).
+    """
+    filled = tdmpc2_rb
+    _describe(benchmark, filled.case, filled.variant, "tdmpc2 loop")
+    benchmark.extra_info["samples_per_round"] = TDMPC2_SAMPLES_PER_EPISODE
+
+    def loop(episode):
+        for _ in range(TDMPC2_SAMPLES_PER_EPISODE):
+            filled.rb.sample()
+        filled.rb.extend(episode)
+
+    benchmark.pedantic(
+        loop,
+        setup=lambda: ((filled.next_rows(filled.case.episode_len),), {}),
+        rounds=filled.case.rounds,
+    )
+    if benchmark.stats is not None:
+        median = benchmark.stats.stats.median
+        benchmark.extra_info["per_sample_median_s"] = median / TDMPC2_SAMPLES_PER_EPISODE
+
+
+# --- 4. cold build ------------------------------------------------------------------
+
+
+def test_cold_first_sample(benchmark, cold_case):
+    """The first ``rb.sample()`` of a buffer just filled with ``stored`` rows.
+
+    Each round builds and fills a fresh buffer (untimed), then times its first sample:
+    for the patched build, what the index costs before it is warm; for stock, one
+    sample without the value cache, which is what every stock sample costs.
+    """
+    case, variant = cold_case
+    _describe(benchmark, case, variant, "cold first sample")
+    _require_memory(case)
+    current = {}
+
+    def build():
+        current.clear()
+        gc.collect()
+        current["filled"] = Filled(case, variant)
+
+    try:
+        benchmark.pedantic(
+            lambda: current["filled"].rb.sample(), setup=build, rounds=case.rounds
+        )
+    finally:
+        current.clear()
+        gc.collect()
+
+
+# --- 5. extend alone ----------------------------------------------------------------
+
+
+def test_extend(benchmark, extend_rb):
+    """One ``extend`` of 1,000 rows that follows a sample, as in an online loop.
+
+    ``room``: the buffer has free capacity. ``wrap``: the buffer is full and its write
+    cursor sits mid-episode, so each write overwrites the end of one old episode and
+    the start of the next. The sample before each write is untimed. The fix may cost
+    at most 10% here.
+    """
+    filled = extend_rb
+    _describe(benchmark, filled.case, filled.variant, f"extend {filled.case.mode}")
+
+    def rows_after_a_sample():
+        filled.rb.sample()
+        return (filled.next_rows(WRITE),), {}
+
+    benchmark.pedantic(
+        filled.rb.extend, setup=rows_after_a_sample, rounds=filled.case.rounds, warmup_rounds=5
+    )

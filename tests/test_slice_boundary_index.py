@@ -1,0 +1,120 @@
+"""Unit tests of the slice_boundary_index fix's wiring (the index itself: test_trajectory_boundaries)."""
+from __future__ import annotations
+
+import copy
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from tensordict import TensorDict
+
+import torchrl_fixes
+from torchrl_fixes.fixes import slice_boundary_index as sbi
+
+pytestmark = pytest.mark.skipif(
+    not torchrl_fixes.status()["slice_boundary_index"].applied,
+    reason="slice_boundary_index is not applied on this TorchRL",
+)
+
+
+@pytest.mark.parametrize(
+    "cursor, rows",
+    [
+        (3, [3]),
+        (-1, [9]),
+        (np.int64(4), [4]),
+        (slice(2, 5), [2, 3, 4]),
+        (range(8, 12), [8, 9, 0, 1]),
+        ([1, 2], [1, 2]),
+        (torch.tensor([9, 10, 11]), [9, 0, 1]),
+        (np.array([5, 6]), [5, 6]),
+        (torch.tensor([True, False, True]), [0, 2]),
+    ],
+)
+def test_written_rows(cursor, rows):
+    assert sbi._written_rows(cursor, 10).tolist() == rows
+
+
+@pytest.mark.parametrize(
+    "cursor", [(slice(None), 1), torch.zeros(2, 2, dtype=torch.long), torch.tensor([0.5]), "a"]
+)
+def test_unknown_write_cursor_means_rebuild(cursor):
+    assert sbi._written_rows(cursor, 10) is None
+
+
+@pytest.mark.parametrize(
+    "cursor, expected",
+    [(None, None), (3, 3), (-1, 9), (range(2, 5), 4), (torch.tensor([1, 7]), 7), (np.int32(2), 2)],
+)
+def test_resolve_cursor(cursor, expected):
+    assert sbi._resolve_cursor(cursor, 10) == expected
+
+
+@pytest.mark.parametrize("cursor", [10, -11, np.array([1]), torch.tensor(3), True, range(0)])
+def test_unusable_cursor_leaves_it_to_stock(cursor):
+    with pytest.raises(sbi._Unsupported):
+        sbi._resolve_cursor(cursor, 10)
+
+
+def _storage(n=6):
+    from torchrl.data import LazyTensorStorage
+
+    storage = LazyTensorStorage(10)
+    step = torch.arange(n)
+    storage.set(
+        step,
+        TensorDict({"episode": step // 3, ("next", "done"): (step % 3 == 2).unsqueeze(-1)}, [n]),
+    )
+    return storage
+
+
+def test_storages_carry_a_shared_write_counter_that_pickling_keeps():
+    storage = _storage()
+    state = storage.__dict__[sbi._STATE_ATTR]
+    assert state.writes.is_shared() and not state.late
+    assert state.writes.sum() == 1
+    clone = pickle.loads(pickle.dumps(storage))
+    cloned = clone.__dict__[sbi._STATE_ATTR]
+    assert cloned.indexes == {} and cloned.writes.is_shared()
+    assert torch.equal(cloned.writes, state.writes)
+    assert copy.deepcopy(storage).__dict__[sbi._STATE_ATTR].indexes == {}
+
+
+def test_writes_are_recorded_in_the_index_not_read():
+    from torchrl.data import SliceSampler
+
+    storage = _storage()
+    sampler = SliceSampler(slice_len=2, traj_key="episode")
+    sampler._get_stop_and_length(storage)
+    (index,) = storage.__dict__[sbi._STATE_ATTR].indexes.values()
+    assert index.built and index._pending == []
+    storage.set(torch.arange(6, 8), TensorDict({"episode": torch.tensor([2, 2])}, [2]))
+    assert [p.tolist() for p in index._pending] == [[6, 7]]
+    storage._empty()
+    assert not index.built
+
+
+@pytest.mark.parametrize(
+    "sampler_kwargs, reason",
+    [
+        ({"traj_key": "episode"}, None),
+        ({"end_key": ("next", "done")}, None),
+        ({"traj_key": "missing"}, "trajectory key 'missing' not in the storage"),
+        ({"traj_key": "episode", "compile": True}, "compile=True"),
+    ],
+)
+def test_fallback_reason(sampler_kwargs, reason):
+    from torchrl.data import SliceSampler
+
+    sampler = SliceSampler(slice_len=2, **sampler_kwargs)
+    assert sbi.fallback_reason(sampler, _storage()) == reason
+
+
+def test_non_boolean_end_flags_are_left_to_stock():
+    from torchrl.data import LazyTensorStorage, SliceSampler
+
+    storage = LazyTensorStorage(10)
+    storage.set(torch.arange(4), TensorDict({("next", "done"): torch.zeros(4, 1)}, [4]))
+    sampler = SliceSampler(slice_len=2, end_key=("next", "done"))
+    assert sbi.fallback_reason(sampler, storage) == "end flags that are not booleans"

@@ -1,0 +1,567 @@
+"""Slice boundary index: slice samplers stop scaling with the buffer.
+
+Stock :class:`~torchrl.data.SliceSampler` (and ``SliceSamplerWithoutReplacement``,
+``PrioritizedSliceSampler``) recovers the trajectory boundaries from the whole
+storage on every sample: it reads the trajectory-id or done column of every
+stored row, O(capacity). ``cache_values=True`` keeps them only until the next
+write, so an online loop (write, sample, write, sample) pays the full cost at
+every step.
+
+With this fix every ``TensorStorage`` keeps one :class:`TrajectoryBoundaries`
+per boundary signal a sampler reads from it (the ``traj_key`` ids, the
+``end_key`` flags or the union of ``end_keys``). Writes through the storage
+record the rows they touch, O(k); the next sample reads the signal of those rows
+only and splices the result into the index; a sample costs O(batch) plus O(number
+of trajectories) vector work. The boundaries are exactly those the stock code
+recovers, so the samples are the same, and they are used whatever
+``cache_values`` says: the flag keeps its meaning (what is returned is never
+stale) and costs nothing.
+
+Coherence: every write path of the storage records its rows (``extend``, ``add``,
+``rb[idx] = ...``, ``storage.set``, ``storage[idx] = ...``, a second buffer on the
+same storage); wholesale changes (``empty``, ``load_state_dict``, ``loads``,
+``set_`` / ``update_`` / ``set_at_`` on the buffer, unpickling) make the index
+rebuild. A per-storage write counter lives in shared memory, so a write from
+another process sharing the storage (memmap or shared memory) is detected and the
+index rebuilt; on TorchRL 0.14 the storage's own mutation revision is checked too.
+Writing into the storage's tensors directly (``rb.storage._storage[...] = ...``)
+cannot be seen, as with stock ``cache_values=True``.
+
+Configurations the index does not handle fall back to the stock code for that
+sample: storages other than ``TensorStorage`` over a TensorDict on CPU, storages
+with more than two batch dimensions, ``fragmented=True``, ``compile=True``,
+``use_gpu``, samplers built with static ``ends`` / ``trajectories``, subclasses
+that override the boundary recovery, boundary columns whose shape or dtype the
+stock code would reject or squeeze differently, and storages shared between
+processes that were built before the fix was applied.
+"""
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import threading
+import types
+from multiprocessing.context import get_spawning_popen
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from packaging.specifiers import SpecifierSet
+from tensordict import TensorDictBase
+
+from torchrl_fixes.patching import Replacement
+from torchrl_fixes.registry import Fix, TargetChanged
+from torchrl_fixes.source_fingerprint import source_fingerprint
+from torchrl_fixes.trajectory_boundaries import TrajectoryBoundaries
+
+logger = logging.getLogger("torchrl_fixes")
+
+try:
+    from torchrl.data.replay_buffers.samplers import SliceSampler
+    from torchrl.data.replay_buffers.storages import LazyMemmapStorage, Storage, TensorStorage
+except ImportError as err:  # a TorchRL whose layout this fix does not know
+    SliceSampler = TensorStorage = Storage = LazyMemmapStorage = None
+    _IMPORT_ERROR = err
+else:
+    _IMPORT_ERROR = None
+
+_STATE_ATTR = "_trajectory_boundary_state"
+# Write counters: one slot per process (by pid), so that concurrent writers in
+# different processes never add to the same slot.
+_WRITE_SLOTS = 256
+
+# Fingerprints of the stock SliceSampler._get_stop_and_length whose boundary
+# recovery this fix reproduces: 0.11.1, 0.12.0, 0.13.3, 0.14.1.
+_KNOWN_GET_STOP_AND_LENGTH = {
+    "014781a9a9f0841f",
+    "946f619295c7bae7",
+    "2a1999fced561120",
+    "9cdd720409a5079d",
+}
+
+
+class _StorageBoundaryState:
+    """What a storage carries for the boundary index.
+
+    ``writes`` counts the writes made through the storage, one slot per process,
+    in shared memory so that every process sharing the storage sees every write.
+    The indexes themselves (``indexes``, one per boundary signal) are local to
+    the process: they are rebuilt after unpickling.
+    """
+
+    def __init__(self, *, late: bool = False):
+        self.writes = torch.zeros(_WRITE_SLOTS, dtype=torch.int64).share_memory_()
+        # built after the storage's first writes, which it may not have seen
+        self.late = late
+        # pickled or copied outside torch.multiprocessing: a memmap copy writes
+        # into the same files without sharing this counter
+        self.copied = False
+        self._local()
+
+    def _local(self):
+        self.indexes: dict[Any, TrajectoryBoundaries] = {}
+        self.lock = threading.RLock()
+        # numpy views of the counters: a write pays microseconds, not tensor ops
+        self._writes = self.writes.numpy()
+        self.seen_writes = self._writes.copy()
+        self.seen_revision = None
+        self.stamps: dict[Any, tuple] = {}
+
+    def __getstate__(self):
+        if get_spawning_popen() is None:
+            self.copied = True
+        return {"writes": self.writes, "late": self.late, "copied": self.copied}
+
+    def __setstate__(self, state):
+        self.writes = state["writes"]
+        if not self.writes.is_shared():
+            self.writes.share_memory_()
+        self.late = state["late"]
+        self.copied = state["copied"]
+        self._local()
+
+    def written_elsewhere(self) -> bool:
+        """Whether a write this process did not record happened since the last sync."""
+        return not np.array_equal(self._writes, self.seen_writes)
+
+    def sync(self) -> None:
+        self.seen_writes = self._writes.copy()
+
+    def reset(self) -> None:
+        with self.lock:
+            for index in self.indexes.values():
+                index.reset()
+            self.stamps.clear()
+
+    def record_write(self, rows: torch.Tensor | None) -> None:
+        """Records a write of ``rows`` along dim 0 (``None``: rows unknown, rebuild)."""
+        slot = os.getpid() % _WRITE_SLOTS
+        self._writes[slot] += 1
+        self.seen_writes[slot] += 1
+        for index in self.indexes.values():
+            if rows is None:
+                index.reset()
+            else:
+                index.mark_written(rows)
+
+
+def _boundary_state(storage) -> _StorageBoundaryState:
+    state = storage.__dict__.get(_STATE_ATTR)
+    if state is None:
+        state = storage.__dict__[_STATE_ATTR] = _StorageBoundaryState(late=True)
+    return state
+
+
+def _mutation_revision(storage) -> int | None:
+    # TorchRL 0.14 counts every storage mutation (shared between processes).
+    if not hasattr(type(storage), "_mutation_revision"):
+        return None
+    return int(storage._mutation_revision)
+
+
+def _written_rows(cursor, capacity: int) -> torch.Tensor | None:
+    """The rows along dim 0 that ``storage.set(cursor, ...)`` writes, or None if unknown."""
+    if type(cursor) is torch.Tensor and cursor.dtype is torch.long and cursor.ndim == 1:
+        # what writers pass: checked first, it is on the path of every extend
+        return cursor.cpu() % capacity
+    if isinstance(cursor, int) and not isinstance(cursor, bool):
+        return torch.tensor([cursor % capacity])
+    if isinstance(cursor, slice):
+        return torch.arange(*cursor.indices(capacity))
+    if isinstance(cursor, range):
+        return torch.arange(cursor.start, cursor.stop, cursor.step) % capacity
+    if isinstance(cursor, (list, tuple)) and all(isinstance(c, int) for c in cursor):
+        if isinstance(cursor, tuple):
+            return None  # a multi-dimensional index
+        cursor = torch.tensor(cursor, dtype=torch.long)
+    if isinstance(cursor, np.integer):
+        return torch.tensor([int(cursor) % capacity])
+    if isinstance(cursor, np.ndarray):
+        cursor = torch.as_tensor(cursor)
+    if not isinstance(cursor, torch.Tensor):
+        return None
+    if cursor.dtype == torch.bool:
+        if cursor.ndim != 1:
+            return None
+        return cursor.nonzero().squeeze(-1).cpu()
+    if cursor.is_floating_point() or cursor.is_complex() or cursor.ndim > 1:
+        return None
+    return cursor.reshape(-1).to("cpu", torch.long) % capacity
+
+
+def _record_write(storage, cursor, revision_before: int | None) -> None:
+    state = storage.__dict__.get(_STATE_ATTR)
+    if state is None:
+        return
+    rows = None
+    if state.indexes:
+        capacity = _capacity_along_dim0(storage)
+        rows = _written_rows(cursor, capacity) if capacity else None
+    with state.lock:
+        state.record_write(rows)
+        revision = _mutation_revision(storage)
+        # Only this write happened since the last sync: the index stays in sync.
+        if revision_before is not None and revision_before == state.seen_revision:
+            if revision == revision_before + 1:
+                state.seen_revision = revision
+
+
+def _record_reset(storage) -> None:
+    state = storage.__dict__.get(_STATE_ATTR)
+    if state is None:
+        return
+    with state.lock:
+        state.record_write(None)
+        state.reset()
+        revision = _mutation_revision(storage)
+        if revision is not None:
+            state.seen_revision = revision
+
+
+def _capacity_along_dim0(storage) -> int | None:
+    data = getattr(storage, "_storage", None)
+    if isinstance(data, TensorDictBase) and data.batch_dims:
+        return data.batch_size[0]
+    return None
+
+
+def _storage_init(original: Callable) -> Callable:
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self.__dict__.setdefault(_STATE_ATTR, _StorageBoundaryState())
+
+    return __init__
+
+
+def _storage_set(original: Callable) -> Callable:
+    def set(self, cursor, data, *, set_cursor: bool = True):  # noqa: A001
+        revision = _mutation_revision(self)
+        result = original(self, cursor, data, set_cursor=set_cursor)
+        _record_write(self, cursor, revision)
+        return result
+
+    return set
+
+
+def _storage_reset(original: Callable) -> Callable:
+    def method(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        _record_reset(self)
+        return result
+
+    return method
+
+
+def _buffer_reset(original: Callable) -> Callable:
+    def method(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        storage = getattr(self, "_storage", None)
+        if storage is not None:
+            _record_reset(storage)
+        return result
+
+    return method
+
+
+class _Unsupported(Exception):
+    """A configuration the boundary index does not handle; stock code runs instead."""
+
+
+def _resolve_cursor(cursor, length: int) -> int | None:
+    if cursor is None:
+        return None
+    if isinstance(cursor, torch.Tensor):
+        if cursor.ndim != 1 or not cursor.numel() or cursor.is_floating_point():
+            raise _Unsupported("write cursor is not a 1d integer tensor")
+        cursor = int(cursor[-1])
+    elif isinstance(cursor, range):
+        if not len(cursor):
+            raise _Unsupported("empty cursor range")
+        cursor = cursor[-1]
+    elif isinstance(cursor, np.integer):
+        cursor = int(cursor)
+    elif isinstance(cursor, bool) or not isinstance(cursor, int):
+        raise _Unsupported("write cursor of an unknown type")
+    if not -length <= cursor < length:
+        raise _Unsupported("write cursor outside the stored rows")
+    return cursor % length
+
+
+def _signal(sampler, storage) -> tuple[str, Any, Callable, int]:
+    """What the stock code would read: ``(kind, key, signal(rows), lanes)``."""
+    data = storage._storage
+    ndim = storage.ndim
+    if ndim > 2:
+        raise _Unsupported("storage with more than two batch dimensions")
+    if sampler._fetch_traj:
+        if isinstance(storage, TensorStorage) and "_used_traj_key" in dir(type(sampler)):
+            key = sampler._used_traj_key
+        else:
+            key = sampler.traj_key
+        if key is None:
+            raise _Unsupported("no trajectory key")
+        column = data.get(key, None)
+        if column is None:
+            raise _Unsupported(f"trajectory key {key!r} not in the storage")
+        if column.ndim != ndim or column.is_complex():
+            raise _Unsupported("trajectory ids shaped unlike the storage")
+        columns = [column]
+        kind = "trajectory"
+    else:
+        end_keys = getattr(sampler, "end_keys", None)
+        keys = tuple(end_keys) if end_keys is not None else (sampler.end_key,)
+        columns = [data.get(k, None) for k in keys]
+        columns = [c for c in columns if c is not None]
+        if not columns:
+            raise _Unsupported("end key not in the storage")
+        if end_keys is None:
+            key = keys[0]
+        else:
+            key = tuple(k for k, c in zip(keys, [data.get(k, None) for k in keys]) if c is not None)
+        for column in columns:
+            if column.dtype != torch.bool:
+                raise _Unsupported("end flags that are not booleans")
+            # stock squeezes the flags: every batch dim must stay, extra dims must go
+            if any(s == 1 for s in column.shape[1:ndim]) or any(s != 1 for s in column.shape[ndim:]):
+                raise _Unsupported("end flags the stock code squeezes to another shape")
+        kind = "end"
+    if any(c.device.type != "cpu" for c in columns):
+        raise _Unsupported("boundary signal not on CPU")
+    lanes = columns[0].shape[1] if ndim == 2 else 1
+    shape = (-1,) if ndim == 1 else (-1, lanes)
+    if len(columns) == 1:
+        column = columns[0]
+
+        def signal(rows):
+            return column[rows].reshape(shape)
+
+    else:
+
+        def signal(rows):
+            out = columns[0][rows].reshape(shape)
+            for other in columns[1:]:
+                out = out | other[rows].reshape(shape)
+            return out
+
+    stamp = tuple((c.data_ptr(), c.shape, c.dtype, c.stride()) for c in columns)
+    return kind, (kind, key, stamp), signal, lanes
+
+
+def _fallback_reason(sampler, storage) -> str | None:
+    """Why ``sampler`` cannot use the boundary index on ``storage`` (None: it can)."""
+    if not isinstance(storage, TensorStorage):
+        return "storage is not a TensorStorage"
+    if not isinstance(getattr(storage, "_storage", None), TensorDictBase):
+        return "storage does not hold a TensorDict"
+    if getattr(sampler, "fragmented", False):
+        return "fragmented=True"
+    if getattr(sampler, "compile", False):
+        return "compile=True"
+    if getattr(sampler, "use_gpu", False):
+        return "use_gpu"
+    cache = getattr(sampler, "_cache", {})
+    if "static-stop-and-length" in cache or "stop-and-length" in cache:
+        return "static ends or trajectories"
+    cls = type(sampler)
+    for name in ("_find_start_stop_traj", "_end_to_start_stop"):
+        if getattr(cls, name, None) is not getattr(SliceSampler, name, None):
+            return f"{cls.__name__} overrides {name}"
+    for name in ("set", "_empty", "load_state_dict", "loads"):
+        owner = next((k for k in type(storage).__mro__ if name in vars(k)), None)
+        if owner not in _HOOKED_OWNERS.get(name, ()):
+            return f"{type(storage).__name__}.{name} is not one the index follows"
+    return None
+
+
+# (method name) -> classes whose definition of it records writes; filled by plan()
+_HOOKED_OWNERS: dict[str, tuple] = {}
+_fallbacks_logged: set = set()
+
+
+def _log_fallback(reason: str) -> None:
+    if reason not in _fallbacks_logged:
+        _fallbacks_logged.add(reason)
+        logger.info("slice_boundary_index: stock boundary recovery used (%s)", reason)
+
+
+def _boundary_index_boundaries(sampler, storage):
+    """The boundaries from the storage's index, or ``None`` where stock code must run."""
+    reason = _fallback_reason(sampler, storage)
+    length = storage._len_along_dim0 if reason is None else 0
+    if reason is None and length < 2:
+        reason = "fewer than two stored rows"
+    if reason is None:
+        if getattr(sampler, "_traj_key_auto", False):
+            sampler._resolve_traj_key(storage)
+        try:
+            kind, key, signal, lanes = _signal(sampler, storage)
+            cursor_name = (
+                "_last_cursor_index"
+                if hasattr(type(storage), "_last_cursor_index")
+                else "_last_cursor"
+            )
+            at_capacity = bool(storage._is_full)
+            cursor = getattr(storage, cursor_name, None) if at_capacity else None
+            cursor = _resolve_cursor(cursor, length)
+        except _Unsupported as err:
+            reason = str(err)
+    if reason is not None:
+        _log_fallback(reason)
+        return None
+    state = _boundary_state(storage)
+    with state.lock:
+        reason = _unseen_writers_reason(state, storage)
+        if reason is not None:
+            # Another copy may write into the same data without counting it here.
+            _log_fallback(reason)
+            return None
+        revision = _mutation_revision(storage)
+        if state.written_elsewhere() or (
+            revision is not None and revision != state.seen_revision
+        ):
+            # Written elsewhere (another process, or a path that records no rows).
+            state.reset()
+            state.sync()
+            state.seen_revision = revision
+        index_key = key[:2]
+        index = state.indexes.get(index_key)
+        if index is None:
+            index = state.indexes[index_key] = TrajectoryBoundaries(kind)
+        if state.stamps.get(index_key) != key[2]:
+            # The column was replaced (or first seen): its rows are new.
+            index.reset()
+            state.stamps[index_key] = key[2]
+        return index.boundaries(
+            signal,
+            capacity=storage._storage.batch_size[0],
+            length=length,
+            at_capacity=at_capacity,
+            cursor=cursor,
+            lanes=lanes,
+        )
+
+
+def _is_memmap(storage) -> bool:
+    is_memmap = getattr(storage._storage, "is_memmap", None)
+    return bool(is_memmap()) if is_memmap is not None else False
+
+
+def _get_stop_and_length(original: Callable) -> Callable:
+    def _get_stop_and_length(self, storage, fallback=True):
+        boundaries = _boundary_index_boundaries(self, storage)
+        if boundaries is None:
+            return original(self, storage, fallback)
+        return boundaries
+
+    return _get_stop_and_length
+
+
+def fallback_reason(sampler, storage) -> str | None:
+    """Why ``sampler`` samples ``storage`` with stock boundary recovery, or ``None`` if it does not.
+
+    Examples:
+        >>> import torch, torchrl_fixes
+        >>> from tensordict import TensorDict
+        >>> from torchrl.data import LazyTensorStorage, ListStorage, SliceSampler
+        >>> from torchrl_fixes.fixes.slice_boundary_index import fallback_reason
+        >>> storage = LazyTensorStorage(10)
+        >>> storage.set(torch.arange(4), TensorDict({"episode": torch.zeros(4)}, [4]))
+        >>> print(fallback_reason(SliceSampler(num_slices=2, traj_key="episode"), storage))
+        None
+        >>> fallback_reason(SliceSampler(num_slices=2, traj_key="episode"), ListStorage(10))
+        'storage is not a TensorStorage'
+    """
+    reason = _fallback_reason(sampler, storage)
+    if reason is None:
+        try:
+            _signal(sampler, storage)
+        except _Unsupported as err:
+            reason = str(err)
+    state = storage.__dict__.get(_STATE_ATTR)
+    if reason is None and state is not None:
+        reason = _unseen_writers_reason(state, storage)
+    return reason
+
+
+def _unseen_writers_reason(state, storage) -> str | None:
+    """Why writes to ``storage`` could escape the write counter, if they can."""
+    if state.copied and _is_memmap(storage):
+        return "memmap storage pickled or copied outside torch.multiprocessing"
+    if state.late and (storage._storage.is_shared() or _is_memmap(storage)):
+        return "storage shared between processes, built before the fix was applied"
+    return None
+
+
+class SliceBoundaryIndex(Fix):
+    """Registry entry: see the module docstring."""
+
+    name = "slice_boundary_index"
+    summary = (
+        "SliceSampler boundaries kept in a per-storage index updated on each write: "
+        "cached by default, never stale, O(k) writes and O(batch + trajectories) samples"
+    )
+    upstream_issue = "https://github.com/pytorch/rl/issues/2669"
+    torchrl_versions = SpecifierSet(">=0.11,<0.15")
+    targets = (
+        "torchrl.data.replay_buffers.samplers.SliceSampler._get_stop_and_length",
+        "torchrl.data.replay_buffers.storages.TensorStorage.__init__ / set / _empty / load_state_dict",
+        "torchrl.data.replay_buffers.storages.LazyMemmapStorage.load_state_dict",
+        "torchrl.data.replay_buffers.storages.Storage.loads",
+        "torchrl.data.ReplayBuffer.set_ / set_at_ / update_ (where they exist)",
+    )
+    stock_classes = ("torchrl.data.replay_buffers.samplers.SliceSampler",)
+    fallbacks = (
+        "storages other than TensorStorage over a TensorDict on CPU, ndim > 2, "
+        "fragmented=True, compile=True, use_gpu, static ends/trajectories, "
+        "boundary columns the stock code would reject or squeeze, fewer than 2 rows, "
+        "storages shared between processes but built before the fix was applied, "
+        "memmap storages pickled or copied outside torch.multiprocessing"
+    )
+
+    # Fingerprints of the stock boundary recovery this fix reproduces, 0.11.1 to 0.14.1.
+    def plan(self) -> list[Replacement]:
+        if _IMPORT_ERROR is not None:
+            raise TargetChanged(f"cannot import TorchRL's samplers and storages ({_IMPORT_ERROR})")
+        from torchrl.data import ReplayBuffer
+
+        stock = vars(SliceSampler).get("_get_stop_and_length")
+        if not isinstance(stock, types.FunctionType):
+            raise TargetChanged("SliceSampler._get_stop_and_length is missing")
+        if source_fingerprint(stock) not in _KNOWN_GET_STOP_AND_LENGTH:
+            raise TargetChanged(
+                "SliceSampler._get_stop_and_length is not the code this fix reproduces"
+            )
+        signature = inspect.signature(stock)
+        if list(signature.parameters) != ["self", "storage", "fallback"]:
+            raise TargetChanged("SliceSampler._get_stop_and_length has another signature")
+        set_owner = next(k for k in TensorStorage.__mro__ if "set" in vars(k))
+        if set_owner is not TensorStorage:
+            raise TargetChanged("TensorStorage.set is not defined on TensorStorage")
+        replacements = [
+            Replacement(SliceSampler, "_get_stop_and_length", _get_stop_and_length(stock)),
+            Replacement(TensorStorage, "__init__", _storage_init(TensorStorage.__init__)),
+            Replacement(TensorStorage, "set", _storage_set(vars(TensorStorage)["set"])),
+        ]
+        hooked = {"set": (TensorStorage,)}
+        for cls, name in (
+            (TensorStorage, "_empty"),
+            (TensorStorage, "load_state_dict"),
+            (LazyMemmapStorage, "load_state_dict"),
+            (Storage, "loads"),
+        ):
+            method = vars(cls).get(name)
+            if not isinstance(method, types.FunctionType):
+                raise TargetChanged(f"{cls.__name__}.{name} is missing")
+            replacements.append(Replacement(cls, name, _storage_reset(method)))
+            hooked[name] = hooked.get(name, ()) + (cls,)
+        for name in ("set_", "set_at_", "update_", "empty"):
+            method = vars(ReplayBuffer).get(name)
+            if isinstance(method, types.FunctionType):
+                replacements.append(Replacement(ReplayBuffer, name, _buffer_reset(method)))
+        _HOOKED_OWNERS.clear()
+        _HOOKED_OWNERS.update(hooked)
+        return replacements
+
+
+__all__ = ["SliceBoundaryIndex", "fallback_reason"]

@@ -39,6 +39,7 @@ from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, RandomSampler, SliceSampler, TensorDictReplayBuffer
 
 import torchrl_fixes
+from conformance.host_memory import available_memory
 
 pytestmark = pytest.mark.speed
 
@@ -57,17 +58,6 @@ RUNS = [("stock", "random"), ("stock", "slice"), ("patched", "random"), ("patche
 def _scale(config) -> str:
     # --slice-scale and --slice-threads are registered by conformance/conftest.py
     return config.getoption("--slice-scale", default="ci")
-
-
-def _available_memory() -> int | None:
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
 
 
 def image_rows(start: int, stop: int) -> TensorDict:
@@ -144,7 +134,7 @@ def variants(request):
     scale = _scale(request.config)
     stored = STORED[scale]
     needed = stored * ROW_BYTES * 3 // 2
-    available = _available_memory()
+    available = available_memory()
     if available is not None and available < needed:
         pytest.skip(f"needs about {needed / 2**30:.1f} GiB of available memory")
     found = Variants(stored)

@@ -25,7 +25,6 @@ each timed operation runs once. ``conformance/speed_report.py`` turns the
 from __future__ import annotations
 
 import gc
-import os
 from dataclasses import dataclass
 
 import pytest
@@ -35,6 +34,7 @@ from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, ReplayBuffer, SliceSampler, TensorDictReplayBuffer
 
 import torchrl_fixes
+from conformance.host_memory import available_memory
 
 pytestmark = [pytest.mark.speed, pytest.mark.usefixtures("slice_threads")]
 
@@ -205,24 +205,9 @@ def _make_buffer(case: Case):
     raise ValueError(case.layout)
 
 
-def _available_memory() -> int | None:
-    """Memory the system can hand out now: MemAvailable, else ``os.sysconf``'s free pages."""
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, OSError, ValueError):
-        return None
-
-
 def _require_memory(case: Case) -> None:
     needed = case.memory_needed()
-    available = _available_memory()
+    available = available_memory()
     if available is not None and available < needed:
         pytest.skip(
             f"{case.scenario('buffer')} needs about {needed / GiB:.1f} GiB of memory, "

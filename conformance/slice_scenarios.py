@@ -28,6 +28,9 @@ KEY_KINDS = {
     "end_key": {"end_key": ("next", "done")},
     # Nothing given: the sampler finds ("collector", "traj_ids") or ("next", "done").
     "auto": {},
+    # Nothing given, over a stream whose done flags mark every episode end and
+    # which carries "episode" too: the fix may read the flags for the ids.
+    "unnamed": {},
     "end_keys": {"end_keys": [("next", "done"), ("next", "truncated")]},
 }
 
@@ -236,6 +239,8 @@ class SliceSetup:
 
     def stream(self, seed: int, **kwargs) -> EpisodeStream:
         """An episode stream shaped for this setup's storage."""
+        if self.keys == "unnamed":
+            kwargs.setdefault("truncated_only_every", 0)
         return EpisodeStream(
             seed,
             num_envs=self.num_envs if self.ndim == 2 else None,

@@ -110,8 +110,11 @@ def stock_boundaries_from_scratch():
         SliceSampler._get_stop_and_length = stock
 
 
-STOCK_CACHE_GOES_STALE = "stop-and-length" in inspect.getsource(
-    __import__("torchrl.data.replay_buffers.samplers", fromlist=["SliceSampler"]).SliceSampler._get_stop_and_length
+STOCK_CACHE_GOES_STALE = '"stop-and-length"' in inspect.getsource(
+    torchrl_fixes.get_original(
+        __import__("torchrl.data.replay_buffers.samplers", fromlist=["SliceSampler"]).SliceSampler,
+        "_get_stop_and_length",
+    )
 )
 
 
@@ -765,6 +768,165 @@ def test_buffer_with_its_own_generator(sampler, cache, tmp_path, request):
         return run.records
 
     assert_same_as_stock(scenario)
+
+
+# ---------------------------------------------------------------------------
+# Done flags for ids: a sampler whose trajectory key is not named reads the
+# ("next", "done") flags instead of the ids while both mark the same ends.
+# ---------------------------------------------------------------------------
+
+END_FLAGS = ("end", ("next", "done"))
+
+
+def read_sources(rb, sources: list) -> None:
+    """Appends what the last sample read its boundaries from (None on stock)."""
+    from torchrl_fixes.fixes.slice_boundary_index import boundary_source
+
+    sources.append(boundary_source(rb._storage))
+
+
+def patched_sources(scenario_factory, seed: int = 0, *, fresh_stock: bool = False) -> list:
+    """Runs ``scenario_factory(sources)`` stock and patched, asserts them identical, and
+    returns the sources the patched run read."""
+    stock_sources, sources = [], []
+    stock_scenario, patched_scenario = scenario_factory(stock_sources), scenario_factory(sources)
+
+    def stock_run():
+        if not fresh_stock:
+            return stock_scenario()
+        with stock_boundaries_from_scratch():
+            return stock_scenario()
+
+    assert_identical(run_stock(stock_run, seed), run_patched(patched_scenario, seed))
+    assert stock_sources and not any(stock_sources)  # stock storages carry no index
+    return sources
+
+
+def unnamed_setups():
+    params = []
+    for sampler, storage in itertools.product(SAMPLER_CLASSES, STORAGE_KINDS):
+        setup = SliceSetup(sampler=sampler, storage=storage, keys="unnamed", strict_length=False)
+        marks = [pytest.mark.torchrl_extension] if setup.prioritized else []
+        params.append(pytest.param(setup, id=f"{sampler}-{storage}", marks=marks))
+    return params
+
+
+@pytest.mark.parametrize("fill", FILL_STATES)
+@pytest.mark.parametrize("setup", unnamed_setups())
+def test_unnamed_key_reads_agreeing_end_flags(setup, fill, tmp_path, request):
+    """Ids and done flags mark the same ends: the flags are read, and samples match stock."""
+    require(setup, request)
+
+    def interleaved_with_buffer(sources):
+        def run():
+            recording = Recording(setup, 31, tmp_path)
+            steps = setup.time_capacity
+            first = {"partial": [steps // 3], "full": [steps - 7, 7], "wrapped": [steps, 13]}[fill]
+            for rows in first:
+                recording.write(rows)
+            for rows in (7, setup.single_write, steps // 2 + 3):
+                recording.sample()
+                read_sources(recording.rb, sources)
+                recording.write(rows)
+            recording.sample()
+            read_sources(recording.rb, sources)
+            return recording.records
+
+        return run
+
+    sources = patched_sources(interleaved_with_buffer, 31)
+    assert sources == [END_FLAGS] * 4
+
+
+def interleaved_collectors(stream_a, stream_b, rows: int) -> TensorDict:
+    """``rows`` rows taken from two streams in turn, as two collectors writing one buffer."""
+    a, b = stream_a.take(rows // 2), stream_b.take(rows - rows // 2)
+    b = b.clone()
+    for key in (EPISODE_KEY, ("collector", "traj_ids")):
+        b[key] = b[key] + 1_000_000
+    merged = torch.cat([a, b])
+    order = torch.stack([torch.arange(rows // 2), torch.arange(rows // 2) + rows // 2], -1)
+    order = torch.cat([order.reshape(-1), torch.arange(2 * (rows // 2), rows)])
+    return merged[order]
+
+
+@pytest.mark.parametrize("storage", ["tensor", "memmap"])
+@sampler_and_cache
+def test_agreement_follows_the_writes(sampler, cache, storage, tmp_path, request, caplog):
+    """Interleaved collectors break the agreement (ids read, logged once); rewriting
+    every row with agreeing data brings the flags back."""
+    setup = edge_setup(sampler, cache, storage=storage, keys="unnamed", strict_length=False)
+    require(setup, request)
+
+    def factory(sources):
+        def run():
+            recording = Recording(setup, 32, tmp_path)
+            other = setup.stream(33)
+            steps = setup.time_capacity
+            recording.write(steps // 2)
+            recording.sample()
+            read_sources(recording.rb, sources)
+            recording.call(recording.rb.extend, interleaved_collectors(recording.stream, other, 12))
+            for _ in range(2):
+                recording.sample()
+                read_sources(recording.rb, sources)
+            recording.write(steps + 5)  # every row rewritten by one collector
+            recording.sample()
+            read_sources(recording.rb, sources)
+            return recording.records
+
+        return run
+
+    with caplog.at_level("INFO", logger="torchrl_fixes"):
+        sources = patched_sources(factory, 32)
+    assert sources[0] == sources[3] == END_FLAGS
+    assert sources[1] == sources[2] and sources[1][0] == "trajectory"
+    disagreement = [r for r in caplog.records if "mark different trajectory ends" in r.getMessage()]
+    assert len(disagreement) == 1
+
+
+@pytest.mark.parametrize("keys", ["traj_key", "end_key"])
+def test_named_keys_are_read_as_named(keys, tmp_path):
+    """With agreeing flags, a named traj_key still reads the ids, a named end_key the flags."""
+    setup = SliceSetup(keys=keys)
+
+    def factory(sources):
+        def run():
+            recording = Recording(setup, 34, tmp_path, stream=setup.stream(34, truncated_only_every=0))
+            recording.write(setup.time_capacity // 2)
+            recording.sample()
+            read_sources(recording.rb, sources)
+            return recording.records
+
+        return run
+
+    expected = ("trajectory", EPISODE_KEY) if keys == "traj_key" else END_FLAGS
+    assert patched_sources(factory, 34) == [expected]
+
+
+def test_loaded_storage_reads_ids_until_emptied(tmp_path):
+    """Rows loaded with load_state_dict were not checked: ids until the storage is emptied."""
+    setup = SliceSetup(keys="unnamed")
+
+    def factory(sources):
+        def run():
+            source = Recording(setup, 35, tmp_path)
+            source.write(setup.time_capacity - 3)
+            recording = Recording(setup, 36, tmp_path)
+            recording.call(recording.rb.load_state_dict, source.rb.state_dict())
+            recording.sample()
+            read_sources(recording.rb, sources)
+            recording.call(recording.rb.empty)
+            recording.write(setup.time_capacity // 2)
+            recording.sample()
+            read_sources(recording.rb, sources)
+            return source.records + recording.records
+
+        return run
+
+    sources = patched_sources(factory, 35, fresh_stock=True)
+    assert sources[0][0] == "trajectory"
+    assert sources[1] == END_FLAGS
 
 
 # ---------------------------------------------------------------------------

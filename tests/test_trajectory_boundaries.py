@@ -10,7 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torchrl_fixes.trajectory_boundaries import TrajectoryBoundaries, _merge_sorted
+from torchrl_fixes.trajectory_boundaries import (
+    EndFlagDisagreements,
+    TrajectoryBoundaries,
+    _merge_sorted,
+)
 
 
 def reference(signal: torch.Tensor, kind: str, length: int, at_capacity: bool, cursor):
@@ -118,6 +122,106 @@ def test_ring_buffer_writes_match_the_reference(kind, lanes, seed):
 
 
 @pytest.mark.parametrize("kind", ["end", "trajectory"])
+@pytest.mark.parametrize("lanes", [None, 2])
+@pytest.mark.parametrize("seed", range(8))
+def test_small_writes_into_a_long_ring_match_the_reference(kind, lanes, seed):
+    """Writes far smaller than the storage: the index splices them in, never rebuilds."""
+    generator = torch.Generator().manual_seed(100 + seed)
+    capacity = int(torch.randint(200, 400, (1,), generator=generator))
+    stored = random_signal(kind, capacity, generator, lanes)
+    index = TrajectoryBoundaries(kind)
+    length = int(torch.randint(2, capacity // 2, (1,), generator=generator))
+    cursor = length - 1
+    query(index, stored, length, False, None)
+    for _ in range(60):
+        k = int(torch.randint(1, 12, (1,), generator=generator))
+        if int(torch.randint(4, (1,), generator=generator)):
+            # an extend: the rows after the cursor, wrapping around the ring
+            rows = (torch.arange(1, k + 1) + cursor) % capacity
+            cursor = int(rows[-1])
+            length = min(capacity, length + k)
+        else:
+            rows = torch.randint(length, (k,), generator=generator)
+        new = random_signal(kind, k, generator, lanes)
+        stored[rows] = new if kind == "end" else new + int(stored.max()) + 1
+        index.mark_written(rows)
+        at_capacity = length == capacity
+        got = query(index, stored, length, at_capacity, cursor if at_capacity else None)
+        assert_same(got, reference(stored, kind, length, at_capacity, cursor if at_capacity else None))
+
+
+def disagreeing_rows(ids, done, length):
+    """Rows of the first ``length`` whose flag differs from an id change after them."""
+    ids, done = ids[:length], done[:length]
+    changes = ids != torch.cat([ids[1:], ids[:1]])
+    return (changes != done).t().nonzero()
+
+
+@pytest.mark.parametrize("lanes", [None, 2])
+@pytest.mark.parametrize("seed", range(10))
+def test_disagreements_follow_writes(lanes, seed):
+    """After any write the disagreeing rows, and whether flags and ids agree, are exact."""
+    generator = torch.Generator().manual_seed(200 + seed)
+    capacity = int(torch.randint(20, 120, (1,), generator=generator))
+    shape = (capacity,) if lanes is None else (capacity, lanes)
+    ids = torch.zeros(shape, dtype=torch.long)
+    done = torch.zeros(shape, dtype=torch.bool)
+    next_id = 1
+
+    def pair(rows):
+        return ids[rows], done[rows]
+
+    def episode_rows(k):
+        # consistent ids and flags: episodes of random length, done on their last step
+        nonlocal next_id
+        new = (torch.rand(shape[1:] + (k,), generator=generator) < 0.25).long().cumsum(-1)
+        new = new.movedim(-1, 0) + next_id
+        next_id = int(new.max()) + 2
+        flags = torch.cat([new[1:] != new[:-1], torch.zeros_like(new[:1], dtype=torch.bool)])
+        return new, flags
+
+    index = EndFlagDisagreements()
+    length, cursor = 0, None
+    for step in range(40):
+        k = int(torch.randint(1, 15, (1,), generator=generator))
+        if length < 2 or int(torch.randint(3, (1,), generator=generator)):
+            rows = (torch.arange(1, k + 1) + (cursor if cursor is not None else -1)) % capacity
+            ids[rows], done[rows] = episode_rows(k)
+            cursor = int(rows[-1])
+            length = min(capacity, length + k)
+        else:
+            rows = torch.randint(length, (k,), generator=generator)
+            if int(torch.randint(2, (1,), generator=generator)):
+                # an interleaved writer: ids change where no flag says so
+                ids[rows] = torch.randint(next_id, next_id + 3, rows.shape + shape[1:], generator=generator)
+            else:
+                done[rows] = ~done[rows]
+        index.mark_written(rows)
+        lane_count = 1 if lanes is None else lanes
+        index.refresh(pair, capacity=capacity, length=length, lanes=lane_count)
+        expected = disagreeing_rows(ids.reshape(capacity, -1), done.reshape(capacity, -1), length)
+        keys = expected[:, 0] * capacity + expected[:, 1]
+        assert torch.equal(index._ends, keys), step
+        if length < 2:
+            continue
+        at_capacity = length == capacity
+        kept_cursor = cursor if at_capacity else None
+        same = all(
+            torch.equal(a, b)
+            for a, b in zip(
+                reference(ids, "trajectory", length, at_capacity, kept_cursor),
+                reference(done, "end", length, at_capacity, kept_cursor),
+            )
+        )
+        assert index.agree(length=length, at_capacity=at_capacity, cursor=kept_cursor) == same, step
+
+
+def test_agree_needs_a_refresh_first():
+    with pytest.raises(RuntimeError, match="refresh"):
+        EndFlagDisagreements().agree(length=4, at_capacity=False, cursor=None)
+
+
+@pytest.mark.parametrize("kind", ["end", "trajectory"])
 def test_full_storage_without_cursor_or_any_end(kind):
     """A full lane with no end at all ends at its last row; one with an end keeps it."""
     signal = torch.zeros(8, 2, dtype=torch.bool if kind == "end" else torch.long)
@@ -149,15 +253,15 @@ def test_a_write_reads_only_the_written_rows():
     reads = []
 
     def counting(rows):
-        reads.append(rows)
+        reads.append(torch.arange(rows.start, rows.stop))
         return signal[rows]
 
     signal[10:13] = 7
     index.mark_written(torch.arange(10, 13))
     index.boundaries(counting, capacity=1000, length=1000, at_capacity=True, cursor=12)
-    read_rows = torch.cat([torch.as_tensor(r).reshape(-1) for r in reads])
-    # the three rows, the row before them, and each row's successor
-    assert read_rows.numel() <= 2 * 4
+    read_rows = torch.cat(reads)
+    # the three rows, the row before them, and the row after them
+    assert torch.equal(read_rows, torch.arange(9, 14))
     assert index.num_ends() == 4
 
 

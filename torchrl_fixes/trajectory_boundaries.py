@@ -26,8 +26,7 @@ from typing import Callable
 
 import torch
 
-Rows = torch.Tensor | slice
-Signal = Callable[[Rows], torch.Tensor]
+Signal = Callable[[slice], torch.Tensor]
 
 KINDS = ("trajectory", "end")
 
@@ -93,6 +92,8 @@ class TrajectoryBoundaries:
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}.")
         self.kind = kind
+        # an id row ends a trajectory or not depending on the row after it
+        self._reads_next_row = kind == "trajectory"
         self.max_pending = max_pending
         self._lock = threading.RLock()
         self.reset()
@@ -148,7 +149,7 @@ class TrajectoryBoundaries:
 
         Args:
             signal (callable): ``signal(rows)`` returns the boundary signal of
-                ``rows`` (a slice or a 1d index tensor along the first dimension),
+                ``rows``, a slice along the first dimension,
                 shaped ``[len(rows)]`` for a storage with one lane and
                 ``[len(rows), lanes]`` otherwise.
 
@@ -175,21 +176,27 @@ class TrajectoryBoundaries:
                 self._result_key = key
             return self._result
 
-    def _natural(self, signal: Signal, rows: Rows, count: int, length: int) -> torch.Tensor:
-        """``[count, lanes]`` booleans: whether the signal marks each of ``rows`` as an end."""
-        values = signal(rows)
+    def refresh(self, signal: Signal, *, capacity: int, length: int, lanes: int = 1) -> None:
+        """Brings the index up to date with ``signal`` now, building it if it is not built.
+
+        Takes the arguments of :meth:`boundaries`; what a later query then costs
+        is the derivation of the boundaries alone.
+        """
+        with self._lock:
+            self._update(signal, capacity=capacity, length=length, lanes=lanes)
+
+    def _natural_all(self, signal: Signal, length: int) -> torch.Tensor:
+        """``[length, lanes]`` booleans: whether the signal marks each valid row as an end."""
+        values = signal(slice(0, length))
         if self.kind == "end":
-            ends = values
-        elif isinstance(rows, slice):
-            # Each row against the next; the last valid row against the first,
-            # which only matters once the storage is full and wraps. Compared in
-            # place: the ids are not copied.
-            ends = torch.empty(values.shape, dtype=torch.bool, device=values.device)
-            torch.ne(values[:-1], values[1:], out=ends[:-1])
-            torch.ne(values[-1:], values[:1], out=ends[-1:])
-        else:
-            ends = values != signal((rows + 1) % length)
-        return ends.reshape(count, -1)
+            return values.reshape(length, -1)
+        # Each row against the next; the last valid row against the first, which
+        # only matters once the storage is full and wraps. Compared in place: the
+        # ids are not copied.
+        ends = torch.empty(values.shape, dtype=torch.bool, device=values.device)
+        torch.ne(values[:-1], values[1:], out=ends[:-1])
+        torch.ne(values[-1:], values[:1], out=ends[-1:])
+        return ends.reshape(length, -1)
 
     def _keys(self, ends: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
         """Sorted keys ``lane * capacity + row`` of the true entries of ``[k, lanes]`` ``ends``."""
@@ -202,7 +209,7 @@ class TrajectoryBoundaries:
 
     def _rebuild(self, signal: Signal, capacity: int, length: int, lanes: int) -> None:
         self._capacity, self._lanes, self._length = capacity, lanes, length
-        ends = self._natural(signal, slice(0, length), length, length)
+        ends = self._natural_all(signal, length)
         self._ends = self._keys(ends, None)
         self._pending, self._pending_rows = [], 0
 
@@ -217,65 +224,129 @@ class TrajectoryBoundaries:
             self._rebuild(signal, capacity, length, lanes)
             return True
         pending = self._pending
-        grown = None
-        if length > self._length:
-            # Rows that became valid were read as ends of nothing so far; the last
-            # old row compared itself with row 0 and must now see its successor.
-            grown = torch.arange(max(self._length - 1, 0), length)
-        if not pending and grown is None:
+        old_length = self._length
+        if not pending and length == old_length:
             return False
-        rows = torch.cat(pending) if pending else grown
         self._pending, self._pending_rows = [], 0
         self._length = length
-        rows = rows[(rows >= 0) & (rows < length)]
-        if grown is not None and rows is not grown:
-            if rows.numel() and int(rows.min()) >= grown[0]:
-                rows = grown  # the writes fell in the rows that became valid
-            else:
-                rows = torch.cat([rows, grown])
-        if not rows.numel():
+        runs = self._stale_runs(pending, old_length, length)
+        if not runs:
             return False
-        first, count = int(rows[0]), rows.numel()
-        trajectory = self.kind == "trajectory"
-        if (
-            int(rows[-1]) == first + count - 1
-            and (first > 0 or not trajectory)
-            and torch.equal(rows, torch.arange(first, first + count))
-        ):
-            # One run of rows, as one extend writes: no sort needed. A row's
-            # end flag depends on the row after it, so ids re-read the row before.
-            first -= trajectory
-            rows = torch.arange(first, first + count + trajectory)
-            runs = [(first, first + count - 1 + trajectory)]
-        else:
-            if trajectory:
-                rows = torch.cat([rows, (rows - 1) % length])
-            rows = torch.unique(rows)
-            runs = None
-        if rows.numel() * 4 > length:
+        if sum(last - first + 1 for first, last in runs) * 4 > length:
             self._rebuild(signal, capacity, length, lanes)
             return True
-        new = self._keys(self._natural(signal, rows, rows.numel(), length), rows)
+        if lanes == 1:
+            # Cut each run's old ends out and put its new ones in: one copy of
+            # the ends, however many runs.
+            ends = self._ends
+            bounds = torch.tensor([b for first, last in runs for b in (first, last + 1)])
+            cuts = torch.searchsorted(ends, bounds).tolist()
+            pieces, kept_from = [], 0
+            for i, (first, last) in enumerate(runs):
+                pieces.append(ends[kept_from : cuts[2 * i]])
+                found = self._natural_run(signal, first, last, length).reshape(-1).nonzero()
+                pieces.append(found.squeeze(-1) + first)
+                kept_from = cuts[2 * i + 1]
+            pieces.append(ends[kept_from:])
+            self._ends = torch.cat(pieces)
+            return True
+        rows = torch.cat([torch.arange(first, last + 1) for first, last in runs])
+        ends = torch.cat([self._natural_run(signal, first, last, length) for first, last in runs])
+        new = self._keys(ends, rows)
         ends = self._ends
-        if runs is None:
-            runs = _contiguous_runs(rows)
-        if lanes == 1 and len(runs) <= 8:
-            # Written rows come in runs (extends, wrapping at most once): cut each
-            # run's old ends out and put its new ones in, by slicing.
-            for first, last in runs:
-                lo = int(torch.searchsorted(ends, first))
-                hi = int(torch.searchsorted(ends, last, right=True))
-                n_lo = int(torch.searchsorted(new, first))
-                n_hi = int(torch.searchsorted(new, last, right=True))
-                ends = torch.cat([ends[:lo], new[n_lo:n_hi], ends[hi:]])
-        else:
-            row = ends % capacity
-            at = torch.searchsorted(rows, row).clamp_max(rows.numel() - 1)
-            ends = _merge_sorted(ends[rows[at] != row], new)
-        self._ends = ends
+        row = ends % capacity
+        at = torch.searchsorted(rows, row).clamp_max(rows.numel() - 1)
+        self._ends = _merge_sorted(ends[rows[at] != row], new)
         return True
 
+    def _stale_runs(
+        self, pending: list[torch.Tensor], old_length: int, length: int
+    ) -> list[tuple[int, int]]:
+        """Sorted, disjoint ``(first, last)`` runs of the rows whose end flag may have changed.
+
+        Those are the written rows, the rows that became valid and, for ids, the
+        row before each of them (its end depends on the row after it); row 0's
+        predecessor is the last valid row, which wraps onto it.
+        """
+        runs = []
+        if length > old_length:
+            # Rows that became valid were read as ends of nothing so far; the last
+            # old row compared itself with row 0 and must now see its successor.
+            runs.append((max(old_length - 1, 0), length - 1))
+        if pending:
+            rows = pending[0] if len(pending) == 1 else torch.cat(pending)
+            if rows.numel():
+                lo, hi = (int(v) for v in rows.aminmax())
+                if (
+                    hi - lo + 1 == rows.numel()
+                    and 0 <= lo
+                    and hi < length
+                    and torch.equal(rows, torch.arange(lo, hi + 1))
+                ):
+                    # One run of rows, as one extend writes: no sort needed.
+                    runs.append((lo, hi))
+                else:
+                    rows = torch.unique(rows[(rows >= 0) & (rows < length)])
+                    runs.extend(_contiguous_runs(rows))
+        if self._reads_next_row:
+            widened = []
+            for first, last in runs:
+                if first == 0:
+                    widened.append((length - 1, length - 1))
+                widened.append((max(first - 1, 0), last))
+            runs = widened
+        runs.sort()
+        merged = []
+        for first, last in runs:
+            if merged and first <= merged[-1][1] + 1:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], last))
+            else:
+                merged.append((first, last))
+        return merged
+
+    def _natural_run(self, signal: Signal, first: int, last: int, length: int) -> torch.Tensor:
+        """``[count, lanes]`` booleans: whether the signal marks rows ``first..last`` as ends."""
+        count = last - first + 1
+        if self.kind == "end":
+            return signal(slice(first, last + 1)).reshape(count, -1)
+        if last + 1 < length:
+            values = signal(slice(first, last + 2))
+            return (values[:-1] != values[1:]).reshape(count, -1)
+        # The last valid row is compared with row 0, which only matters once the
+        # storage is full and wraps.
+        values = signal(slice(first, last + 1))
+        after = torch.cat([values[1:], signal(slice(0, 1))])
+        return (values != after).reshape(count, -1)
+
     def _derive(self, length: int, at_capacity: bool, cursor: int | None):
+        if self._lanes == 1:
+            return self._derive_one_lane(length, at_capacity, cursor)
+        return self._derive_lanes(length, at_capacity, cursor)
+
+    def _derive_one_lane(self, length: int, at_capacity: bool, cursor: int | None):
+        stop = self._ends
+        forced = length - 1 if not at_capacity else cursor
+        if forced is not None:
+            at = int(torch.searchsorted(stop, forced))
+            if at == stop.numel() or int(stop[at]) != forced:
+                stop = torch.cat([stop[:at], stop.new_full((1,), forced), stop[at:]])
+        elif not stop.numel():
+            stop = torch.tensor([length - 1])
+        # Each trajectory starts after the previous one stops; the first starts
+        # after the last one, around the ring.
+        count = stop.numel()
+        first_stop, last_stop = stop[[0, -1]].tolist()
+        first_start = (last_stop + 1) % length
+        start = torch.empty(count, 1, dtype=stop.dtype)
+        torch.add(stop[:-1], 1, out=start[1:, 0])
+        start[0, 0] = first_start
+        lengths = torch.empty(count, dtype=stop.dtype)
+        torch.sub(stop[1:], stop[:-1], out=lengths[1:])
+        first_length = first_stop - first_start + 1
+        lengths[0] = first_length if first_length > 0 else first_length + length
+        return start, stop.unsqueeze(-1), lengths
+
+    def _derive_lanes(self, length: int, at_capacity: bool, cursor: int | None):
         capacity, lanes = self._capacity, self._lanes
         ends = self._ends
         lane_keys = torch.arange(lanes) * capacity
@@ -289,26 +360,92 @@ class TrajectoryBoundaries:
                 at = torch.searchsorted(ends, forced).clamp_max(ends.numel() - 1)
                 forced = forced[ends[at] != forced]
             ends = _merge_sorted(ends, forced)
-        elif at_capacity:
+        else:
             # A lane with no end at all ends at its last row.
             has_end = torch.zeros(lanes, dtype=torch.bool)
             has_end[ends // capacity] = True
             ends = _merge_sorted(ends, lane_keys[~has_end] + (length - 1))
 
-        stop = ends % capacity if lanes > 1 else ends
+        stop = ends % capacity
         after = (stop + 1) % length
-        if lanes == 1:
-            start = torch.roll(after, 1)
-        else:
-            lane = ends // capacity
-            new_lane = lane[1:] != lane[:-1]
-            first = torch.cat([torch.ones(1, dtype=torch.bool), new_lane])
-            last = torch.cat([new_lane, torch.ones(1, dtype=torch.bool)])
-            start = torch.empty_like(after)
-            start[1:] = after[:-1]
-            start[first] = after[last]
+        lane = ends // capacity
+        new_lane = lane[1:] != lane[:-1]
+        first = torch.cat([torch.ones(1, dtype=torch.bool), new_lane])
+        last = torch.cat([new_lane, torch.ones(1, dtype=torch.bool)])
+        start = torch.empty_like(after)
+        start[1:] = after[:-1]
+        start[first] = after[last]
         lengths = stop - start + 1
         lengths[lengths <= 0] += length
-        if lanes == 1:
-            return start.unsqueeze(-1), stop.unsqueeze(-1), lengths
         return torch.stack([start, lane], -1), torch.stack([stop, lane], -1), lengths
+
+
+class EndFlagDisagreements(TrajectoryBoundaries):
+    """The rows where end flags and trajectory ids of a storage mark different ends.
+
+    Where a storage holds both, the end flags give the same boundaries as the ids
+    as long as every row is flagged exactly when the next row of its lane holds
+    another id. This index keeps the rows where that fails, written row by written
+    row as :class:`TrajectoryBoundaries` keeps ends, so that checking the agreement
+    costs O(k) per write of ``k`` rows and nothing per query. Its ``signal(rows)``
+    returns the pair ``(ids, end_flags)`` of ``rows``.
+
+    Examples:
+        >>> import torch
+        >>> ids = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2])
+        >>> done = torch.tensor([False, False, True, False, True, False, False, False])
+        >>> pair = lambda rows: (ids[rows], done[rows])
+        >>> disagreements = EndFlagDisagreements()
+        >>> disagreements.refresh(pair, capacity=8, length=8)
+        >>> # row 7 is the last valid row of a storage that is not full: it ends a
+        >>> # trajectory whatever either signal says
+        >>> disagreements.agree(length=8, at_capacity=False, cursor=None)
+        True
+        >>> # two collectors write rows in turn: the ids change without a flag
+        >>> ids[5:] = torch.tensor([3, 2, 3])
+        >>> disagreements.mark_written(torch.arange(5, 8))
+        >>> disagreements.refresh(pair, capacity=8, length=8)
+        >>> disagreements.agree(length=8, at_capacity=False, cursor=None)
+        False
+    """
+
+    def __init__(self, *, max_pending: int = 1 << 20):
+        super().__init__("end", max_pending=max_pending)
+        self.kind = "disagreement"
+        self._reads_next_row = True
+
+    def agree(self, *, length: int, at_capacity: bool, cursor: int | None) -> bool:
+        """Whether the end flags give exactly the boundaries the ids give.
+
+        They may differ only at the rows the storage state ends anyway (the last
+        valid row of a storage that is not full, the write cursor of a full one).
+        Must follow a :meth:`refresh` that saw every write.
+        """
+        with self._lock:
+            rows = self._ends
+            if rows is None:
+                raise RuntimeError("the disagreements are not built; call refresh() first.")
+            if not rows.numel():
+                return True
+            forced = length - 1 if not at_capacity else cursor
+            if forced is None or rows.numel() > self._lanes:
+                return False
+            return bool((rows % self._capacity == forced).all())
+
+    def _disagree(self, ids: torch.Tensor, next_ids: torch.Tensor, ends: torch.Tensor):
+        return (ids != next_ids) != ends.reshape(ids.shape)
+
+    def _natural_all(self, signal: Signal, length: int) -> torch.Tensor:
+        ids, ends = signal(slice(0, length))
+        next_ids = torch.cat([ids[1:], ids[:1]])
+        return self._disagree(ids, next_ids, ends).reshape(length, -1)
+
+    def _natural_run(self, signal: Signal, first: int, last: int, length: int) -> torch.Tensor:
+        count = last - first + 1
+        if last + 1 < length:
+            ids, ends = signal(slice(first, last + 2))
+            ids, next_ids, ends = ids[:-1], ids[1:], ends[:-1]
+        else:
+            ids, ends = signal(slice(first, last + 1))
+            next_ids = torch.cat([ids[1:], signal(slice(0, 1))[0]])
+        return self._disagree(ids, next_ids, ends).reshape(count, -1)

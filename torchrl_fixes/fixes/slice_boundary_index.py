@@ -37,6 +37,7 @@ processes that were built before the fix was applied.
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import os
@@ -48,12 +49,12 @@ from typing import Any, Callable
 import numpy as np
 import torch
 from packaging.specifiers import SpecifierSet
-from tensordict import TensorDictBase
+from tensordict import TensorDictBase, unravel_key
 
 from torchrl_fixes.patching import Replacement
 from torchrl_fixes.registry import Fix, TargetChanged
 from torchrl_fixes.source_fingerprint import source_fingerprint
-from torchrl_fixes.trajectory_boundaries import TrajectoryBoundaries
+from torchrl_fixes.trajectory_boundaries import EndFlagDisagreements, TrajectoryBoundaries
 
 logger = logging.getLogger("torchrl_fixes")
 
@@ -70,6 +71,12 @@ _STATE_ATTR = "_trajectory_boundary_state"
 # Write counters: one slot per process (by pid), so that concurrent writers in
 # different processes never add to the same slot.
 _WRITE_SLOTS = 256
+
+# The trajectory-id keys a slice sampler reads when no key is named (TorchRL's
+# collectors write the first, datasets the second), and the end flags beside them.
+_ID_KEYS = (("collector", "traj_ids"), "episode")
+_END_KEY = ("next", "done")
+_TRAJ_KEY_NAMED = "_traj_key_named"
 
 # Fingerprints of the stock SliceSampler._get_stop_and_length whose boundary
 # recovery this fix reproduces: 0.11.1, 0.12.0, 0.13.3, 0.14.1.
@@ -107,6 +114,11 @@ class _StorageBoundaryState:
         self.seen_writes = self._writes.copy()
         self.seen_revision = None
         self.stamps: dict[Any, tuple] = {}
+        # (id key, end key) -> rows where the end flags and the ids disagree,
+        # checked write by write from the storage's first write on
+        self.agreements: dict[tuple, _Agreement] = {}
+        self.pairs_decided = False
+        self.last_source = None
 
     def __getstate__(self):
         if get_spawning_popen() is None:
@@ -133,6 +145,8 @@ class _StorageBoundaryState:
             for index in self.indexes.values():
                 index.reset()
             self.stamps.clear()
+            for agreement in self.agreements.values():
+                agreement.disagreements.reset()
 
     def record_write(self, rows: torch.Tensor | None) -> None:
         """Records a write of ``rows`` along dim 0 (``None``: rows unknown, rebuild)."""
@@ -144,6 +158,20 @@ class _StorageBoundaryState:
                 index.reset()
             else:
                 index.mark_written(rows)
+        for agreement in self.agreements.values():
+            if rows is None:
+                agreement.disagreements.reset()
+            else:
+                agreement.disagreements.mark_written(rows)
+
+
+class _Agreement:
+    """Where a storage's end flags disagree with its trajectory ids, and the columns read."""
+
+    def __init__(self):
+        self.disagreements = EndFlagDisagreements()
+        self.stamp = None
+        self.logged = False
 
 
 def _boundary_state(storage) -> _StorageBoundaryState:
@@ -195,11 +223,15 @@ def _record_write(storage, cursor, revision_before: int | None) -> None:
     if state is None:
         return
     rows = None
-    if state.indexes:
+    if state.indexes or state.agreements or not state.pairs_decided:
         capacity = _capacity_along_dim0(storage)
         rows = _written_rows(cursor, capacity) if capacity else None
     with state.lock:
         state.record_write(rows)
+        if not state.pairs_decided:
+            _decide_pairs(storage, state)
+        if state.agreements:
+            _check_agreements(storage, state, rows)
         revision = _mutation_revision(storage)
         # Only this write happened since the last sync: the index stays in sync.
         if revision_before is not None and revision_before == state.seen_revision:
@@ -227,9 +259,21 @@ def _capacity_along_dim0(storage) -> int | None:
 
 
 def _storage_init(original: Callable) -> Callable:
+    @functools.wraps(original)
     def __init__(self, *args, **kwargs):
         original(self, *args, **kwargs)
-        self.__dict__.setdefault(_STATE_ATTR, _StorageBoundaryState())
+        state = self.__dict__.setdefault(_STATE_ATTR, _StorageBoundaryState())
+        state.seen_revision = _mutation_revision(self)
+
+    return __init__
+
+
+def _sampler_init(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        # Recorded before TorchRL fills in a default or detected key.
+        self.__dict__[_TRAJ_KEY_NAMED] = kwargs.get("traj_key") is not None
 
     return __init__
 
@@ -245,6 +289,7 @@ def _storage_set(original: Callable) -> Callable:
 
 
 def _storage_reset(original: Callable) -> Callable:
+    @functools.wraps(original)
     def method(self, *args, **kwargs):
         result = original(self, *args, **kwargs)
         _record_reset(self)
@@ -254,6 +299,7 @@ def _storage_reset(original: Callable) -> Callable:
 
 
 def _buffer_reset(original: Callable) -> Callable:
+    @functools.wraps(original)
     def method(self, *args, **kwargs):
         result = original(self, *args, **kwargs)
         storage = getattr(self, "_storage", None)
@@ -288,6 +334,56 @@ def _resolve_cursor(cursor, length: int) -> int | None:
     return cursor % length
 
 
+def _id_column(data, key, ndim: int) -> torch.Tensor:
+    column = data.get(key, None)
+    if column is None:
+        raise _Unsupported(f"trajectory key {key!r} not in the storage")
+    if column.ndim != ndim or column.is_complex():
+        raise _Unsupported("trajectory ids shaped unlike the storage")
+    return column
+
+
+def _end_column(data, key, ndim: int) -> torch.Tensor | None:
+    column = data.get(key, None)
+    if column is None:
+        return None
+    if column.dtype != torch.bool:
+        raise _Unsupported("end flags that are not booleans")
+    # stock squeezes the flags: every batch dim must stay, extra dims must go
+    if any(s == 1 for s in column.shape[1:ndim]) or any(s != 1 for s in column.shape[ndim:]):
+        raise _Unsupported("end flags the stock code squeezes to another shape")
+    return column
+
+
+def _row_shape(columns, ndim: int) -> tuple[tuple, int]:
+    if any(c.device.type != "cpu" for c in columns):
+        raise _Unsupported("boundary signal not on CPU")
+    lanes = columns[0].shape[1] if ndim == 2 else 1
+    return ((-1,) if ndim == 1 else (-1, lanes)), lanes
+
+
+def _column_signal(columns, shape) -> Callable:
+    if len(columns) == 1:
+        column = columns[0]
+
+        def signal(rows):
+            return column[rows].reshape(shape)
+
+        return signal
+
+    def union(rows):
+        out = columns[0][rows].reshape(shape)
+        for other in columns[1:]:
+            out = out | other[rows].reshape(shape)
+        return out
+
+    return union
+
+
+def _stamp(columns) -> tuple:
+    return tuple((c.data_ptr(), c.shape, c.dtype, c.stride()) for c in columns)
+
+
 def _signal(sampler, storage) -> tuple[str, Any, Callable, int]:
     """What the stock code would read: ``(kind, key, signal(rows), lanes)``."""
     data = storage._storage
@@ -301,51 +397,102 @@ def _signal(sampler, storage) -> tuple[str, Any, Callable, int]:
             key = sampler.traj_key
         if key is None:
             raise _Unsupported("no trajectory key")
-        column = data.get(key, None)
-        if column is None:
-            raise _Unsupported(f"trajectory key {key!r} not in the storage")
-        if column.ndim != ndim or column.is_complex():
-            raise _Unsupported("trajectory ids shaped unlike the storage")
-        columns = [column]
+        columns = [_id_column(data, key, ndim)]
         kind = "trajectory"
     else:
         end_keys = getattr(sampler, "end_keys", None)
         keys = tuple(end_keys) if end_keys is not None else (sampler.end_key,)
-        columns = [data.get(k, None) for k in keys]
-        columns = [c for c in columns if c is not None]
-        if not columns:
+        found = [(k, _end_column(data, k, ndim)) for k in keys]
+        found = [(k, c) for k, c in found if c is not None]
+        if not found:
             raise _Unsupported("end key not in the storage")
-        if end_keys is None:
-            key = keys[0]
-        else:
-            key = tuple(k for k, c in zip(keys, [data.get(k, None) for k in keys]) if c is not None)
-        for column in columns:
-            if column.dtype != torch.bool:
-                raise _Unsupported("end flags that are not booleans")
-            # stock squeezes the flags: every batch dim must stay, extra dims must go
-            if any(s == 1 for s in column.shape[1:ndim]) or any(s != 1 for s in column.shape[ndim:]):
-                raise _Unsupported("end flags the stock code squeezes to another shape")
+        key = keys[0] if end_keys is None else tuple(k for k, _ in found)
+        columns = [c for _, c in found]
         kind = "end"
-    if any(c.device.type != "cpu" for c in columns):
-        raise _Unsupported("boundary signal not on CPU")
-    lanes = columns[0].shape[1] if ndim == 2 else 1
-    shape = (-1,) if ndim == 1 else (-1, lanes)
-    if len(columns) == 1:
-        column = columns[0]
+    shape, lanes = _row_shape(columns, ndim)
+    return kind, (kind, key, _stamp(columns)), _column_signal(columns, shape), lanes
 
-        def signal(rows):
-            return column[rows].reshape(shape)
 
-    else:
+def _pair_columns(storage, id_key) -> tuple[Callable, tuple, int]:
+    """``(signal, stamp, lanes)`` of the ``(ids, end flags)`` pair of ``id_key`` and ``_END_KEY``."""
+    data, ndim = storage._storage, storage.ndim
+    ids = _id_column(data, id_key, ndim)
+    ends = _end_column(data, _END_KEY, ndim)
+    if ends is None:
+        raise _Unsupported("no end flags")
+    shape, lanes = _row_shape([ids, ends], ndim)
 
-        def signal(rows):
-            out = columns[0][rows].reshape(shape)
-            for other in columns[1:]:
-                out = out | other[rows].reshape(shape)
-            return out
+    def signal(rows):
+        return ids[rows].reshape(shape), ends[rows].reshape(shape)
 
-    stamp = tuple((c.data_ptr(), c.shape, c.dtype, c.stride()) for c in columns)
-    return kind, (kind, key, stamp), signal, lanes
+    return signal, _stamp([ids, ends]), lanes
+
+
+def _decide_pairs(storage, state) -> None:
+    """Registers the (id key, end flags) pairs of ``storage`` whose agreement is followed."""
+    state.pairs_decided = True
+    data = getattr(storage, "_storage", None)
+    if not isinstance(data, TensorDictBase) or storage.ndim not in (1, 2):
+        return
+    for id_key in _ID_KEYS:
+        try:
+            _pair_columns(storage, id_key)
+        except _Unsupported:
+            continue
+        state.agreements[unravel_key(id_key)] = _Agreement()
+
+
+def _check_agreements(storage, state, rows) -> None:
+    """Brings the disagreements up to date with a write of ``rows``: O(len(rows))."""
+    length = storage._len_along_dim0
+    capacity = _capacity_along_dim0(storage)
+    for id_key, agreement in state.agreements.items():
+        disagreements = agreement.disagreements
+        try:
+            signal, stamp, lanes = _pair_columns(storage, id_key)
+        except _Unsupported:
+            disagreements.reset()
+            continue
+        if stamp != agreement.stamp:
+            # new columns: every row must be checked again
+            disagreements.reset()
+            agreement.stamp = stamp
+        if not disagreements.built and (rows is None or 4 * rows.numel() < length):
+            # Checking every stored row costs more than this write: the ids
+            # serve this storage until it is emptied.
+            continue
+        disagreements.refresh(signal, capacity=capacity, length=length, lanes=lanes)
+
+
+def _agreeing_end_flags(sampler, storage, state, id_key, length, at_capacity, cursor):
+    """``(key, signal)`` of end flags that give the same boundaries as ``id_key``, or None.
+
+    Only for a sampler whose trajectory key was not named: a key the user named
+    is read as named.
+    """
+    if sampler.__dict__.get(_TRAJ_KEY_NAMED, True) or getattr(sampler, "end_keys", None):
+        return None
+    if sampler.end_key is None or unravel_key(sampler.end_key) != _END_KEY:
+        return None
+    agreement = state.agreements.get(unravel_key(id_key))
+    if agreement is None or not agreement.disagreements.built:
+        return None
+    data, ndim = storage._storage, storage.ndim
+    ends = _end_column(data, _END_KEY, ndim)
+    if ends is None or _pair_columns(storage, id_key)[1] != agreement.stamp:
+        return None
+    if not agreement.disagreements.agree(length=length, at_capacity=at_capacity, cursor=cursor):
+        if not agreement.logged:
+            agreement.logged = True
+            logger.info(
+                "slice_boundary_index: %r and %r mark different trajectory ends "
+                "(interleaved writers?); the trajectory ids are used",
+                id_key,
+                _END_KEY,
+            )
+        return None
+    shape, _ = _row_shape([ends], ndim)
+    return ("end", _END_KEY, _stamp([ends])), _column_signal([ends], shape)
 
 
 def _fallback_reason(sampler, storage) -> str | None:
@@ -424,7 +571,14 @@ def _boundary_index_boundaries(sampler, storage):
             state.reset()
             state.sync()
             state.seen_revision = revision
+        if kind == "trajectory":
+            flags = _agreeing_end_flags(sampler, storage, state, key[1], length, at_capacity, cursor)
+            if flags is not None:
+                # the end flags give the same boundaries from a column 8x smaller
+                key, signal = flags
+                kind = "end"
         index_key = key[:2]
+        state.last_source = index_key
         index = state.indexes.get(index_key)
         if index is None:
             index = state.indexes[index_key] = TrajectoryBoundaries(kind)
@@ -448,6 +602,7 @@ def _is_memmap(storage) -> bool:
 
 
 def _get_stop_and_length(original: Callable) -> Callable:
+    @functools.wraps(original)
     def _get_stop_and_length(self, storage, fallback=True):
         boundaries = _boundary_index_boundaries(self, storage)
         if boundaries is None:
@@ -484,6 +639,33 @@ def fallback_reason(sampler, storage) -> str | None:
     return reason
 
 
+def boundary_source(storage) -> tuple[str, Any] | None:
+    """What the last slice sample of ``storage`` read its trajectory boundaries from.
+
+    Returns ``("trajectory", key)`` for trajectory ids, ``("end", key)`` for end
+    flags (``key`` a tuple for a union of ``end_keys``), or ``None`` when no slice
+    sampler has used the boundary index on ``storage`` yet. A sampler whose
+    trajectory key was not named reads the end flags ``("next", "done")`` instead
+    of the ids as long as both mark the same trajectory ends.
+
+    Examples:
+        >>> import torch, torchrl_fixes
+        >>> from tensordict import TensorDict
+        >>> from torchrl.data import LazyTensorStorage, ReplayBuffer, SliceSampler
+        >>> from torchrl_fixes.fixes.slice_boundary_index import boundary_source
+        >>> step = torch.arange(100)
+        >>> rb = ReplayBuffer(
+        ...     storage=LazyTensorStorage(1000), sampler=SliceSampler(num_slices=4), batch_size=16)
+        >>> _ = rb.extend(TensorDict(
+        ...     {"episode": step // 10, ("next", "done"): (step % 10 == 9).unsqueeze(-1)}, [100]))
+        >>> _ = rb.sample()
+        >>> boundary_source(rb.storage)
+        ('end', ('next', 'done'))
+    """
+    state = storage.__dict__.get(_STATE_ATTR)
+    return None if state is None else state.last_source
+
+
 def _unseen_writers_reason(state, storage) -> str | None:
     """Why writes to ``storage`` could escape the write counter, if they can."""
     if state.copied and _is_memmap(storage):
@@ -504,7 +686,7 @@ class SliceBoundaryIndex(Fix):
     upstream_issue = "https://github.com/pytorch/rl/issues/2669"
     torchrl_versions = SpecifierSet(">=0.11,<0.15")
     targets = (
-        "torchrl.data.replay_buffers.samplers.SliceSampler._get_stop_and_length",
+        "torchrl.data.replay_buffers.samplers.SliceSampler._get_stop_and_length / __init__",
         "torchrl.data.replay_buffers.storages.TensorStorage.__init__ / set / _empty / load_state_dict",
         "torchrl.data.replay_buffers.storages.LazyMemmapStorage.load_state_dict",
         "torchrl.data.replay_buffers.storages.Storage.loads",
@@ -538,8 +720,12 @@ class SliceBoundaryIndex(Fix):
         set_owner = next(k for k in TensorStorage.__mro__ if "set" in vars(k))
         if set_owner is not TensorStorage:
             raise TargetChanged("TensorStorage.set is not defined on TensorStorage")
+        init = vars(SliceSampler).get("__init__")
+        if "traj_key" not in inspect.signature(init).parameters:
+            raise TargetChanged("SliceSampler.__init__ takes no traj_key")
         replacements = [
             Replacement(SliceSampler, "_get_stop_and_length", _get_stop_and_length(stock)),
+            Replacement(SliceSampler, "__init__", _sampler_init(init)),
             Replacement(TensorStorage, "__init__", _storage_init(TensorStorage.__init__)),
             Replacement(TensorStorage, "set", _storage_set(vars(TensorStorage)["set"])),
         ]
@@ -564,4 +750,4 @@ class SliceBoundaryIndex(Fix):
         return replacements
 
 
-__all__ = ["SliceBoundaryIndex", "fallback_reason"]
+__all__ = ["SliceBoundaryIndex", "boundary_source", "fallback_reason"]

@@ -850,13 +850,24 @@ def interleaved_collectors(stream_a, stream_b, rows: int) -> TensorDict:
     return merged[order]
 
 
+@pytest.mark.parametrize("checked", ["at-sample", "every-write"])
 @pytest.mark.parametrize("storage", ["tensor", "memmap"])
 @sampler_and_cache
-def test_agreement_follows_the_writes(sampler, cache, storage, tmp_path, request, caplog):
+def test_agreement_follows_the_writes(
+    sampler, cache, storage, checked, tmp_path, request, caplog, monkeypatch
+):
     """Interleaved collectors break the agreement (ids read, logged once); rewriting
-    every row with agreeing data brings the flags back."""
+    every row with agreeing data brings the flags back.
+
+    Written rows are checked in batches, at the latest when a sample needs them;
+    ``every-write`` makes each write a batch of its own.
+    """
     setup = edge_setup(sampler, cache, storage=storage, keys="unnamed", strict_length=False)
     require(setup, request)
+    if checked == "every-write":
+        from torchrl_fixes.fixes import slice_boundary_index
+
+        monkeypatch.setattr(slice_boundary_index, "_AGREEMENT_BATCH", 1)
 
     def factory(sources):
         def run():

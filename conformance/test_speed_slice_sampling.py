@@ -11,7 +11,8 @@ Groups:
 - ``seed_table``: one ``rb.sample()`` of 256 slices of length 4 without the value
   cache, on a buffer holding only what the sampler reads (the issue's table).
 - ``online step`` / ``online sample-after-write`` / ``online extend``: the online
-  loop (write 1,000 rows, sample 2,048 as 32 slices, value cache on).
+  loop (write 1,000 rows, sample 2,048 as 32 slices, value cache on);
+  ``online sample-without-write`` is the same sample with no write before it.
 - ``tdmpc2 loop``: TD-MPC2's buffer, 50 samples then one 500-step episode written.
 - ``cold first sample``: the first sample of a buffer just filled; ``unnamed`` rows
   store ids and done flags and the sampler names no key.
@@ -355,6 +356,17 @@ def test_online_sample_after_write(benchmark, online_rb):
         filled.rb.extend(filled.next_rows(WRITE))
 
     benchmark.pedantic(filled.rb.sample, setup=write, rounds=filled.case.rounds, warmup_rounds=1)
+
+
+def test_online_sample_without_write(benchmark, online_rb):
+    """The same ``sample`` with no write before it: stock's value cache serves it.
+
+    The floor for the sample after a write: what TorchRL's sampling costs when the
+    boundaries are already known.
+    """
+    filled = online_rb
+    _describe(benchmark, filled.case, filled.variant, "online sample-without-write")
+    benchmark.pedantic(filled.rb.sample, rounds=filled.case.rounds, warmup_rounds=1)
 
 
 def test_online_extend(benchmark, online_rb):

@@ -118,3 +118,45 @@ def test_non_boolean_end_flags_are_left_to_stock():
     storage.set(torch.arange(4), TensorDict({("next", "done"): torch.zeros(4, 1)}, [4]))
     sampler = SliceSampler(slice_len=2, end_key=("next", "done"))
     assert sbi.fallback_reason(sampler, storage) == "end flags that are not booleans"
+
+
+def test_agreement_is_followed_for_the_id_keys_beside_done_flags():
+    from torchrl.data import LazyTensorStorage
+
+    assert list(_storage().__dict__[sbi._STATE_ATTR].agreements) == ["episode"]
+    ids_only = LazyTensorStorage(10)
+    ids_only.set(torch.arange(4), TensorDict({"episode": torch.zeros(4)}, [4]))
+    assert ids_only.__dict__[sbi._STATE_ATTR].agreements == {}
+    collector = LazyTensorStorage(10)
+    collector.set(
+        torch.arange(4),
+        TensorDict(
+            {("collector", "traj_ids"): torch.zeros(4), ("next", "done"): torch.zeros(4, 1, dtype=torch.bool)},
+            [4],
+        ),
+    )
+    assert list(collector.__dict__[sbi._STATE_ATTR].agreements) == [("collector", "traj_ids")]
+
+
+@pytest.mark.parametrize("batch, pending", [(1 << 16, 2), (2, 0)])
+def test_written_rows_are_checked_in_batches(batch, pending, monkeypatch):
+    monkeypatch.setattr(sbi, "_AGREEMENT_BATCH", batch)
+    storage = _storage()
+    agreement = storage.__dict__[sbi._STATE_ATTR].agreements["episode"]
+    assert agreement.disagreements.built and agreement.disagreements.pending_rows == 0
+    storage.set(
+        torch.arange(6, 8),
+        TensorDict({"episode": torch.tensor([2, 2]), ("next", "done"): torch.zeros(2, 1, dtype=torch.bool)}, [2]),
+    )
+    assert agreement.disagreements.pending_rows == pending
+
+
+def test_samplers_remember_whether_their_trajectory_key_was_named():
+    import inspect
+
+    from torchrl.data import SliceSampler, SliceSamplerWithoutReplacement
+
+    assert SliceSampler(slice_len=2, traj_key="episode").__dict__[sbi._TRAJ_KEY_NAMED]
+    assert not SliceSampler(slice_len=2).__dict__[sbi._TRAJ_KEY_NAMED]
+    assert not SliceSamplerWithoutReplacement(slice_len=2).__dict__[sbi._TRAJ_KEY_NAMED]
+    assert "traj_key" in inspect.signature(SliceSampler.__init__).parameters

@@ -115,6 +115,11 @@ class TrajectoryBoundaries:
         """Whether the index holds boundaries (False until the first query and after a reset)."""
         return self._ends is not None
 
+    @property
+    def pending_rows(self) -> int:
+        """How many written rows wait for the next query (or :meth:`refresh`) to be read."""
+        return self._pending_rows
+
     def num_ends(self) -> int:
         """How many rows the signal marks as ends (the index's size), 0 before it is built."""
         ends = self._ends
@@ -387,8 +392,10 @@ class EndFlagDisagreements(TrajectoryBoundaries):
     as long as every row is flagged exactly when the next row of its lane holds
     another id. This index keeps the rows where that fails, written row by written
     row as :class:`TrajectoryBoundaries` keeps ends, so that checking the agreement
-    costs O(k) per write of ``k`` rows and nothing per query. Its ``signal(rows)``
-    returns the pair ``(ids, end_flags)`` of ``rows``.
+    costs O(k) per write of ``k`` rows. Its ``signal(rows)`` returns the pair
+    ``(ids, end_flags)`` of ``rows``. Written rows are never dropped for a rebuild
+    (``max_pending`` is unbounded): a rebuild would have to read every stored id,
+    which is the cost the agreement exists to avoid.
 
     Examples:
         >>> import torch
@@ -409,8 +416,8 @@ class EndFlagDisagreements(TrajectoryBoundaries):
         False
     """
 
-    def __init__(self, *, max_pending: int = 1 << 20):
-        super().__init__("end", max_pending=max_pending)
+    def __init__(self):
+        super().__init__("end", max_pending=1 << 62)
         self.kind = "disagreement"
         self._reads_next_row = True
 

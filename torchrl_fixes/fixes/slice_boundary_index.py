@@ -77,6 +77,8 @@ _WRITE_SLOTS = 256
 _ID_KEYS = (("collector", "traj_ids"), "episode")
 _END_KEY = ("next", "done")
 _TRAJ_KEY_NAMED = "_traj_key_named"
+# Written rows whose agreement is checked together, at the latest.
+_AGREEMENT_BATCH = 1 << 16
 
 # Fingerprints of the stock SliceSampler._get_stop_and_length whose boundary
 # recovery this fix reproduces: 0.11.1, 0.12.0, 0.13.3, 0.14.1.
@@ -443,25 +445,41 @@ def _decide_pairs(storage, state) -> None:
 
 
 def _check_agreements(storage, state, rows) -> None:
-    """Brings the disagreements up to date with a write of ``rows``: O(len(rows))."""
+    """Reads the rows written since the last check once enough have gathered: O(k) per write.
+
+    The written rows are recorded by ``state.record_write``; reading them in batches
+    keeps the cost per write to a few microseconds.
+    """
     length = storage._len_along_dim0
-    capacity = _capacity_along_dim0(storage)
     for id_key, agreement in state.agreements.items():
         disagreements = agreement.disagreements
-        try:
-            signal, stamp, lanes = _pair_columns(storage, id_key)
-        except _Unsupported:
-            disagreements.reset()
-            continue
-        if stamp != agreement.stamp:
-            # new columns: every row must be checked again
-            disagreements.reset()
-            agreement.stamp = stamp
-        if not disagreements.built and (rows is None or 4 * rows.numel() < length):
-            # Checking every stored row costs more than this write: the ids
-            # serve this storage until it is emptied.
-            continue
-        disagreements.refresh(signal, capacity=capacity, length=length, lanes=lanes)
+        if disagreements.built:
+            if disagreements.pending_rows >= _AGREEMENT_BATCH:
+                _refresh_agreement(storage, id_key, agreement, length)
+        elif rows is not None and 4 * rows.numel() >= length:
+            # Checking every stored row costs no more than this write: start over.
+            _refresh_agreement(storage, id_key, agreement, length)
+
+
+def _refresh_agreement(storage, id_key, agreement, length: int) -> bool:
+    """Brings ``agreement`` up to date with the storage; False when it cannot be known."""
+    disagreements = agreement.disagreements
+    try:
+        signal, stamp, lanes = _pair_columns(storage, id_key)
+    except _Unsupported:
+        disagreements.reset()
+        return False
+    if stamp != agreement.stamp:
+        # New columns: the rows recorded so far say nothing about them.
+        built = disagreements.built
+        disagreements.reset()
+        agreement.stamp = stamp
+        if built:
+            return False
+    disagreements.refresh(
+        signal, capacity=_capacity_along_dim0(storage), length=length, lanes=lanes
+    )
+    return True
 
 
 def _agreeing_end_flags(sampler, storage, state, id_key, length, at_capacity, cursor):
@@ -477,10 +495,9 @@ def _agreeing_end_flags(sampler, storage, state, id_key, length, at_capacity, cu
     agreement = state.agreements.get(unravel_key(id_key))
     if agreement is None or not agreement.disagreements.built:
         return None
-    data, ndim = storage._storage, storage.ndim
-    ends = _end_column(data, _END_KEY, ndim)
-    if ends is None or _pair_columns(storage, id_key)[1] != agreement.stamp:
+    if not _refresh_agreement(storage, id_key, agreement, length):
         return None
+    ends = _end_column(storage._storage, _END_KEY, storage.ndim)
     if not agreement.disagreements.agree(length=length, at_capacity=at_capacity, cursor=cursor):
         if not agreement.logged:
             agreement.logged = True
@@ -491,7 +508,7 @@ def _agreeing_end_flags(sampler, storage, state, id_key, length, at_capacity, cu
                 _END_KEY,
             )
         return None
-    shape, _ = _row_shape([ends], ndim)
+    shape, _ = _row_shape([ends], storage.ndim)
     return ("end", _END_KEY, _stamp([ends])), _column_signal([ends], shape)
 
 
@@ -510,14 +527,19 @@ def _fallback_reason(sampler, storage) -> str | None:
     cache = getattr(sampler, "_cache", {})
     if "static-stop-and-length" in cache or "stop-and-length" in cache:
         return "static ends or trajectories"
-    cls = type(sampler)
+    return _classes_fallback_reason(type(sampler), type(storage))
+
+
+@functools.cache
+def _classes_fallback_reason(sampler_cls: type, storage_cls: type) -> str | None:
+    """The part of :func:`_fallback_reason` that depends on the classes alone."""
     for name in ("_find_start_stop_traj", "_end_to_start_stop"):
-        if getattr(cls, name, None) is not getattr(SliceSampler, name, None):
-            return f"{cls.__name__} overrides {name}"
+        if getattr(sampler_cls, name, None) is not getattr(SliceSampler, name, None):
+            return f"{sampler_cls.__name__} overrides {name}"
     for name in ("set", "_empty", "load_state_dict", "loads"):
-        owner = next((k for k in type(storage).__mro__ if name in vars(k)), None)
+        owner = next((k for k in storage_cls.__mro__ if name in vars(k)), None)
         if owner not in _HOOKED_OWNERS.get(name, ()):
-            return f"{type(storage).__name__}.{name} is not one the index follows"
+            return f"{storage_cls.__name__}.{name} is not one the index follows"
     return None
 
 
@@ -747,6 +769,7 @@ class SliceBoundaryIndex(Fix):
                 replacements.append(Replacement(ReplayBuffer, name, _buffer_reset(method)))
         _HOOKED_OWNERS.clear()
         _HOOKED_OWNERS.update(hooked)
+        _classes_fallback_reason.cache_clear()
         return replacements
 
 

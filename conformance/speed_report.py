@@ -19,6 +19,8 @@ VARIANTS = ("stock", "patched")
 def medians(report: dict[str, Any]) -> dict[str, dict[str, float]]:
     """Scenario -> variant -> median seconds, in the order scenarios first appear.
 
+    A benchmark whose ``variant`` is ``pair`` timed both variants in turn and
+    carries their medians as ``stock_median_s`` and ``patched_median_s``.
     Benchmarks without a ``scenario`` / ``variant`` in ``extra_info``, or without
     statistics (``--benchmark-disable``), are left out.
     """
@@ -27,6 +29,10 @@ def medians(report: dict[str, Any]) -> dict[str, dict[str, float]]:
         info = bench.get("extra_info") or {}
         stats = bench.get("stats") or {}
         scenario, variant = info.get("scenario"), info.get("variant")
+        if variant == "pair" and "stock_median_s" in info:
+            # both variants timed in turn within one benchmark
+            table[scenario] = {v: float(info[f"{v}_median_s"]) for v in VARIANTS}
+            continue
         if scenario is None or variant not in VARIANTS or "median" not in stats:
             continue
         table.setdefault(scenario, {})[variant] = float(stats["median"])

@@ -67,3 +67,14 @@ def test_format_seconds():
     assert format_seconds(5e-8) == "50 ns"
     assert format_seconds(0.0009996) == "1 ms"
     assert format_seconds(0.9996) == "1 s"
+
+
+def test_a_pair_benchmark_carries_both_medians():
+    pair = _bench("extend room done 1M/1.5M interleaved", "pair", 0.0009)
+    pair["extra_info"].update(stock_median_s=0.0004, patched_median_s=0.0005)
+    assert medians({"benchmarks": [pair]}) == {
+        "extend room done 1M/1.5M interleaved": {"stock": 0.0004, "patched": 0.0005}
+    }
+    assert "| extend room done 1M/1.5M interleaved | 400 µs | 500 µs | 0.80x |" in markdown_table(
+        {"benchmarks": [pair]}
+    )

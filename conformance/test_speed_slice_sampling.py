@@ -17,7 +17,8 @@ Groups:
 - ``cold first sample``: the first sample of a buffer just filled; ``unnamed`` rows
   store ids and done flags and the sampler names no key.
 - ``extend room`` / ``extend wrap``: one write of 1,000 rows, into free room or over
-  the oldest rows of a full buffer.
+  the oldest rows of a full buffer; ``... interleaved``: the same writes, stock and
+  patched taken in turn in one test (``variant`` ``pair``).
 
 Sizes come from ``--slice-scale`` (``ci``, ``report``, ``full``). Every test here is
 marked ``speed``; deselect them with ``-m "not speed"``. With ``--benchmark-disable``
@@ -27,6 +28,8 @@ each timed operation runs once. ``conformance/speed_report.py`` turns the
 from __future__ import annotations
 
 import gc
+import statistics
+import time
 from dataclasses import dataclass
 
 import pytest
@@ -459,3 +462,44 @@ def test_extend(benchmark, extend_rb):
     benchmark.pedantic(
         filled.rb.extend, setup=rows_after_a_sample, rounds=filled.case.rounds, warmup_rounds=5
     )
+
+
+def _extend_pair_params() -> list:
+    return [pytest.param(case, id=case.id) for case in EXTEND]
+
+
+@pytest.mark.parametrize("case", _extend_pair_params())
+def test_extend_interleaved(benchmark, case):
+    """Stock and patched ``extend`` of 1,000 rows taken in turn, each after a sample.
+
+    The two buffers live side by side and every round times one write of each, in
+    alternating order, so a load that comes and goes on the machine hits both alike.
+    The medians of each are in ``extra_info`` (``stock_median_s``,
+    ``patched_median_s``); the benchmark's own statistics time the pair.
+    """
+    pair = {variant: Filled(case, variant) for variant in VARIANTS}
+    for filled in pair.values():
+        filled.rb.sample()
+    times: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
+    turn = [0]
+
+    def one_round():
+        order = VARIANTS if turn[0] % 2 == 0 else VARIANTS[::-1]
+        turn[0] += 1
+        for variant in order:
+            filled = pair[variant]
+            filled.rb.sample()
+            rows = filled.next_rows(WRITE)
+            start = time.perf_counter()
+            filled.rb.extend(rows)
+            times[variant].append(time.perf_counter() - start)
+
+    benchmark.pedantic(one_round, rounds=case.rounds, warmup_rounds=5)
+    _describe(benchmark, case, "pair", f"extend {case.mode} interleaved")
+    if times["stock"]:
+        stock, patched = (statistics.median(times[v][5:] or times[v]) for v in VARIANTS)
+        benchmark.extra_info.update(
+            stock_median_s=stock, patched_median_s=patched, patched_over_stock=patched / stock
+        )
+    for filled in pair.values():
+        filled.release()

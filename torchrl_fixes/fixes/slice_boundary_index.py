@@ -17,6 +17,17 @@ recovers, so the samples are the same, and they are used whatever
 ``cache_values`` says: the flag keeps its meaning (what is returned is never
 stale) and costs nothing.
 
+Done flags for ids: a sampler that names no trajectory key reads the ids TorchRL
+detects (``("collector", "traj_ids")``, then ``"episode"``). Where the storage also
+holds ``("next", "done")`` flags, the fix follows, from the storage's first write,
+the rows where the flags and the ids mark different ends (O(k) per write, read in
+batches). While they mark the same ends, the index reads the flags: a boolean
+column is 8x smaller than int64 ids, and a cold build needs no comparison of
+neighbouring rows. Where they disagree
+(collectors writing interleaved rows), the ids are read and this is logged once.
+A key the user named, ``traj_key`` or ``end_key``, is read as named.
+:func:`boundary_source` tells which column a storage's last sample read.
+
 Coherence: every write path of the storage records its rows (``extend``, ``add``,
 ``rb[idx] = ...``, ``storage.set``, ``storage[idx] = ...``, a second buffer on the
 same storage); wholesale changes (``empty``, ``load_state_dict``, ``loads``,

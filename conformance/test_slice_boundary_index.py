@@ -567,6 +567,18 @@ def test_empty_then_refill_matches_stock(setup, tmp_path, request):
     write_path_test(setup, 9, tmp_path, request, write)
 
 
+def restore_twice(run, fresh, restore, saved) -> None:
+    """Restores ``saved`` into ``fresh`` (then samples and writes there), and into
+    ``run.rb`` after more writes; ``restore(rb)`` is the buffer's restoring method."""
+    run.call(restore(fresh), saved)
+    run.sample(2, rb=fresh)
+    run.write(9, rb=fresh)
+    run.sample(rb=fresh)
+    run.write(13)
+    run.sample()
+    run.call(restore(run.rb), saved)
+
+
 @write_setups
 def test_state_dict_round_trip_matches_stock(setup, tmp_path, request):
     """load_state_dict() of a snapshot: into a fresh buffer, and into the same one after more writes."""
@@ -574,13 +586,7 @@ def test_state_dict_round_trip_matches_stock(setup, tmp_path, request):
     def write(run):
         snapshot = copy.deepcopy(run.rb.state_dict())
         fresh = setup.build_buffer(tmp_path)
-        run.call(fresh.load_state_dict, snapshot)
-        run.sample(2, rb=fresh)
-        run.write(9, rb=fresh)
-        run.sample(rb=fresh)
-        run.write(13)
-        run.sample()
-        run.call(run.rb.load_state_dict, snapshot)
+        restore_twice(run, fresh, lambda rb: rb.load_state_dict, snapshot)
 
     write_path_test(setup, 10, tmp_path, request, write)
 
@@ -593,13 +599,7 @@ def test_dumps_loads_matches_stock(setup, tmp_path, request):
         path = new_scratch_dir(tmp_path)
         run.call(run.rb.dumps, path)
         fresh = setup.build_buffer(tmp_path)
-        run.call(fresh.loads, path)
-        run.sample(2, rb=fresh)
-        run.write(9, rb=fresh)
-        run.sample(rb=fresh)
-        run.write(13)
-        run.sample()
-        run.call(run.rb.loads, path)
+        restore_twice(run, fresh, lambda rb: rb.loads, path)
 
     write_path_test(setup, 11, tmp_path, request, write)
 

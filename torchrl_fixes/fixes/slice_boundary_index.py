@@ -18,13 +18,14 @@ recovers, so the samples are the same, and they are used whatever
 stale) and costs nothing.
 
 Done flags for ids: a sampler that names no trajectory key reads the ids TorchRL
-detects (``("collector", "traj_ids")``, then ``"episode"``). Where the storage also
+picks for it (``("collector", "traj_ids")`` or ``"episode"`` on 0.14, ``"episode"``
+before). Where the storage also
 holds ``("next", "done")`` flags, the fix follows, from the storage's first write,
 the rows where the flags and the ids mark different ends (O(k) per write, read in
 batches). While they mark the same ends, the index reads the flags: a boolean
 column is 8x smaller than int64 ids, and a cold build needs no comparison of
-neighbouring rows. Where they disagree
-(collectors writing interleaved rows), the ids are read and this is logged once.
+neighbouring rows. Where they disagree (collectors writing interleaved rows),
+the ids are read and this is logged once.
 A key the user named, ``traj_key`` or ``end_key``, is read as named.
 :func:`boundary_source` tells which column a storage's last sample read.
 
@@ -127,9 +128,9 @@ class _StorageBoundaryState:
         self.seen_writes = self._writes.copy()
         self.seen_revision = None
         self.stamps: dict[Any, tuple] = {}
-        # (id key, end key) -> rows where the end flags and the ids disagree,
-        # checked write by write from the storage's first write on
-        self.agreements: dict[tuple, _Agreement] = {}
+        # id key -> rows where its ids and the ("next", "done") flags disagree,
+        # followed from the storage's first write on
+        self.agreements: dict[Any, _Agreement] = {}
         self.pairs_decided = False
         self.last_source = None
 

@@ -8,7 +8,10 @@ Every environment installs the CPU build of torch 2.13.0 explicitly first: a bar
     nox -s "conformance(torchrl='0.12.0')"
     nox -s conformance_extension     # prioritized buffers, where TorchRL's C++ extension loads
     nox -s lint
-    nox -s compare                   # the main job: stock vs patched, side by side
+    nox -s benchmark                 # the main job: stock vs patched timings, table and plot
+    nox -s benchmark -- --full       # adds 346M stored transitions (about 18 GiB of memory)
+    nox -s benchmark -- --compare BASELINE.json
+    nox -s compare                   # stock vs patched outputs (pinning), side by side
 """
 from __future__ import annotations
 
@@ -79,3 +82,17 @@ def compare(session: nox.Session) -> None:
     """The main job: the fix status, then stock and patched TorchRL side by side."""
     _install(session, NEWEST)
     session.run("python", "-m", "torchrl_fixes", "compare", *session.posargs)
+
+
+@nox.session
+def benchmark(session: nox.Session) -> None:
+    """The main job: stock against patched TorchRL timed here, as a table and a plot.
+
+    Writes ``results/`` (``bench.json``, ``benchmark.md``,
+    ``benchmark.png``). Arguments after ``--`` go to ``python -m torchrl_fixes
+    bench``: ``--full``, ``--compare BASELINE.json``, ``--margin``, ``--json``,
+    ``--out DIR``, ``--threads N``.
+    """
+    session.install(TORCH)
+    session.install("-e", ".[bench]", f"torchrl=={NEWEST}", f"tensordict=={RELEASES[NEWEST]}")
+    session.run("python", "-m", "torchrl_fixes", "bench", *session.posargs)

@@ -1,10 +1,13 @@
 """Speed of ``SliceSampler``: stock TorchRL against ``torchrl_fixes``, on the same data.
 
-Every scenario is a pair of benchmarks in one pytest-benchmark group: ``stock``
-builds its buffer inside :func:`torchrl_fixes.disabled` (so it stays a stock buffer)
-and ``patched`` builds it with the fixes active. Both are filled with the same rows,
-and each timed call is exactly the operation the benchmark names. The ratio of the
-two medians, not the absolute times, is what the project quotes.
+Every scenario is one benchmark that times stock and patched TorchRL in turn: the
+stock buffer is built inside :func:`torchrl_fixes.disabled` (so it stays a stock
+buffer), the patched one with the fixes active, both are filled with the same rows
+and live side by side, and each round times the operation the benchmark names on
+one, then the other, in alternating order, so that a load that comes and goes on
+the machine hits both alike. The two medians are in the benchmark's ``extra_info``
+(``stock_median_s``, ``patched_median_s``, ``variant`` ``"pair"``); their ratio,
+not the absolute times, is what the project quotes.
 
 Groups:
 
@@ -17,8 +20,7 @@ Groups:
 - ``cold first sample``: the first sample of a buffer just filled; ``unnamed`` rows
   store ids and done flags and the sampler names no key.
 - ``extend room`` / ``extend wrap``: one write of 1,000 rows, into free room or over
-  the oldest rows of a full buffer; ``... interleaved``: the same writes, stock and
-  patched taken in turn in one test (``variant`` ``pair``).
+  the oldest rows of a full buffer.
 
 Sizes come from ``--slice-scale`` (``ci``, ``report``, ``full``). Every test here is
 marked ``speed``; deselect them with ``-m "not speed"``. With ``--benchmark-disable``
@@ -30,6 +32,7 @@ from __future__ import annotations
 import gc
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
@@ -83,9 +86,10 @@ class Case:
     def scenario(self, operation: str) -> str:
         return f"{operation} {self.key} {_size(self.stored)}/{_size(self.capacity)}"
 
-    def memory_needed(self) -> int:
-        """Storage of the whole capacity, a stock boundary pass over the stored rows, slack."""
-        return ROW_BYTES[self.layout, self.key] * self.capacity + 8 * self.stored + GiB
+    def memory_needed(self, buffers: int = 1) -> int:
+        """``buffers`` storages of the whole capacity, a stock boundary pass over the
+        stored rows, and slack."""
+        return buffers * ROW_BYTES[self.layout, self.key] * self.capacity + 8 * self.stored + GiB
 
 
 def _size(n: int) -> str:
@@ -126,26 +130,33 @@ EXTEND = [
 ]
 
 
+def memory_for_scale(scale: str) -> int:
+    """The most memory one benchmark of ``scale`` holds at once (both variants' buffers)."""
+    side_by_side = [
+        case.memory_needed(len(VARIANTS))
+        for cases in (SEED_TABLE, ONLINE, TDMPC2, EXTEND)
+        for case in _cases(cases, scale)
+    ]
+    one_at_a_time = [case.memory_needed() for case in _cases(COLD, scale)]
+    return max(side_by_side + one_at_a_time)
+
+
 def _cases(cases: list[Case], scale: str) -> list[Case]:
     top = SCALES.index(scale)
     return [case for case in cases if SCALES.index(case.scale) <= top]
 
 
 def _params(cases: list[Case]) -> list:
-    return [
-        pytest.param((case, variant), id=f"{case.id}-{variant}")
-        for case in cases
-        for variant in VARIANTS
-    ]
+    return [pytest.param(case, id=case.id) for case in cases]
 
 
 def pytest_generate_tests(metafunc):
     scale = metafunc.config.getoption("--slice-scale")
     for name, cases in (
-        ("seed_table_rb", SEED_TABLE),
-        ("online_rb", ONLINE),
-        ("tdmpc2_rb", TDMPC2),
-        ("extend_rb", EXTEND),
+        ("seed_table_pair", SEED_TABLE),
+        ("online_pair", ONLINE),
+        ("tdmpc2_pair", TDMPC2),
+        ("extend_pair", EXTEND),
         ("cold_case", COLD),
     ):
         if name in metafunc.fixturenames:
@@ -216,13 +227,13 @@ def _make_buffer(case: Case):
     raise ValueError(case.layout)
 
 
-def _require_memory(case: Case) -> None:
-    needed = case.memory_needed()
+def _require_memory(case: Case, buffers: int = 1) -> None:
+    needed = case.memory_needed(buffers)
     available = available_memory()
     if available is not None and available < needed:
         pytest.skip(
-            f"{case.scenario('buffer')} needs about {needed / GiB:.1f} GiB of memory, "
-            f"{available / GiB:.1f} GiB is available"
+            f"{case.scenario('buffer')} needs about {needed / GiB:.1f} GiB of memory "
+            f"for {buffers} buffer(s), {available / GiB:.1f} GiB is available"
         )
 
 
@@ -232,7 +243,6 @@ class Filled:
     def __init__(self, case: Case, variant: str):
         self.case = case
         self.variant = variant
-        _require_memory(case)
         if variant == "stock":
             with torchrl_fixes.disabled():
                 self.rb = _make_buffer(case)
@@ -251,59 +261,64 @@ class Filled:
         self.pos += n
         return rows
 
-    def release(self) -> None:
-        self.rb = None
+
+def _filled_pair(request):
+    """Both variants' buffers of ``request.param``, filled and sampled once."""
+    case = request.param
+    _require_memory(case, buffers=len(VARIANTS))
+    pair = {}
+    try:
+        for variant in VARIANTS:
+            pair[variant] = Filled(case, variant)
+            pair[variant].rb.sample()
+        yield pair
+    finally:
+        pair.clear()
         gc.collect()
 
 
-def _filled(request):
-    case, variant = request.param
-    filled = Filled(case, variant)
-    filled.rb.sample()
-    yield filled
-    filled.release()
+@pytest.fixture(scope="module")
+def seed_table_pair(request):
+    """Seed-table buffers, stock and patched, filled and sampled once."""
+    yield from _filled_pair(request)
 
 
 @pytest.fixture(scope="module")
-def seed_table_rb(request):
-    """Seed-table buffer of one variant, filled and sampled once."""
-    yield from _filled(request)
+def online_pair(request):
+    """Online-loop buffers, stock and patched, filled and sampled once."""
+    yield from _filled_pair(request)
 
 
 @pytest.fixture(scope="module")
-def online_rb(request):
-    """Online-loop buffer of one variant, filled and sampled once."""
-    yield from _filled(request)
+def tdmpc2_pair(request):
+    """TD-MPC2-shaped buffers, stock and patched, filled and sampled once."""
+    yield from _filled_pair(request)
 
 
 @pytest.fixture(scope="module")
-def tdmpc2_rb(request):
-    """TD-MPC2-shaped buffer of one variant, filled and sampled once."""
-    yield from _filled(request)
-
-
-@pytest.fixture(scope="module")
-def extend_rb(request):
-    """Buffer of one variant for the write benchmarks, filled and sampled once."""
-    yield from _filled(request)
+def extend_pair(request):
+    """Buffers for the write benchmarks, stock and patched, filled and sampled once."""
+    yield from _filled_pair(request)
 
 
 @pytest.fixture
 def cold_case(request):
-    """A (case, variant) pair: each round of the cold benchmark builds its own buffer."""
+    """A case whose benchmark builds a fresh buffer of each variant every round."""
     return request.param
 
 
-def _describe(benchmark, case: Case, variant: str, operation: str) -> None:
+def _describe(benchmark, case: Case, operation: str) -> None:
     benchmark.group = case.scenario(operation)
     benchmark.extra_info.update(
         scenario=case.scenario(operation),
+        operation=operation,
         stored=case.stored,
         capacity=case.capacity,
         key=case.key,
-        variant=variant,
+        variant="pair",
+        torch=torch.__version__,
         torchrl=torchrl.__version__,
-        applied=[] if variant == "stock" else list(_applied()),
+        applied=list(_applied()),
     )
 
 
@@ -311,105 +326,167 @@ def _applied():
     return (row.name for row in torchrl_fixes.status() if row.state == "applied")
 
 
+def time_in_turn(
+    benchmark,
+    case: Case,
+    operation: str,
+    timed: Callable[[str], None],
+    *,
+    setup: Callable[[str], None] | None = None,
+    rounds: int | None = None,
+    warmup_rounds: int = 1,
+) -> dict[str, float]:
+    """Times ``timed(variant)`` for stock and patched in turn, and records both medians.
+
+    Each round runs ``setup(variant)`` (untimed) then ``timed(variant)`` for each
+    variant, in an order that alternates from round to round, so that a load that
+    comes and goes on the machine hits both alike. The first ``warmup_rounds`` are
+    not counted. ``extra_info`` gets ``stock_median_s`` and ``patched_median_s``;
+    pytest-benchmark's own statistics time whole rounds (both variants and the
+    setups).
+
+    Returns:
+        variant -> median seconds.
+    """
+    _describe(benchmark, case, operation)
+    times: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
+    played = [0]
+
+    def one_round():
+        order = VARIANTS if played[0] % 2 == 0 else VARIANTS[::-1]
+        counted = played[0] >= warmup_rounds
+        played[0] += 1
+        for variant in order:
+            if setup is not None:
+                setup(variant)
+            start = time.perf_counter()
+            timed(variant)
+            elapsed = time.perf_counter() - start
+            if counted:
+                times[variant].append(elapsed)
+
+    benchmark.pedantic(
+        one_round, rounds=case.rounds if rounds is None else rounds, warmup_rounds=warmup_rounds
+    )
+    medians = {variant: statistics.median(values) for variant, values in times.items() if values}
+    benchmark.extra_info.update({f"{variant}_median_s": m for variant, m in medians.items()})
+    if len(medians) == len(VARIANTS):
+        benchmark.extra_info["speedup"] = medians["stock"] / medians["patched"]
+    return medians
+
+
 # --- 1. seed table ---------------------------------------------------------------
 
 
-def test_seed_table_sample(benchmark, seed_table_rb):
+def test_seed_table_sample(benchmark, seed_table_pair):
     """One ``rb.sample()`` (256 slices of 4, no value cache) on a static filled buffer.
 
     The issue's table: stock rebuilds the trajectory boundaries from every stored row
     on each call, so its time grows with the stored size (and, for episode ids, with
     the capacity); the index keeps the patched time flat.
     """
-    filled = seed_table_rb
-    _describe(benchmark, filled.case, filled.variant, "seed_table")
-    benchmark.pedantic(filled.rb.sample, rounds=filled.case.rounds, warmup_rounds=1)
+    pair = seed_table_pair
+    case = pair["stock"].case
+    time_in_turn(benchmark, case, "seed_table", lambda v: pair[v].rb.sample())
 
 
 # --- 2. online loop ----------------------------------------------------------------
 
 
-def test_online_step(benchmark, online_rb):
+def _write(pair):
+    def write(variant):
+        filled = pair[variant]
+        filled.rb.extend(filled.next_rows(WRITE))
+
+    return write
+
+
+def test_online_step(benchmark, online_pair):
     """One online step: ``extend`` 1,000 new rows, then ``sample`` 2,048 rows as 32 slices.
 
     The value cache is on; stock drops it on every write, so each step pays a full
-    boundary rebuild.
+    boundary rebuild. The rows to write are made before the timer starts.
     """
-    filled = online_rb
-    _describe(benchmark, filled.case, filled.variant, "online step")
+    pair = online_pair
+    rows = {}
 
-    def step(rows):
-        filled.rb.extend(rows)
-        filled.rb.sample()
+    def make_rows(variant):
+        rows[variant] = pair[variant].next_rows(WRITE)
 
-    benchmark.pedantic(
-        step,
-        setup=lambda: ((filled.next_rows(WRITE),), {}),
-        rounds=filled.case.rounds,
-        warmup_rounds=1,
+    def step(variant):
+        pair[variant].rb.extend(rows.pop(variant))
+        pair[variant].rb.sample()
+
+    time_in_turn(benchmark, pair["stock"].case, "online step", step, setup=make_rows)
+
+
+def test_online_sample_after_write(benchmark, online_pair):
+    """The ``sample`` of an online step alone: 1,000 rows are written (untimed) before each."""
+    pair = online_pair
+    time_in_turn(
+        benchmark,
+        pair["stock"].case,
+        "online sample-after-write",
+        lambda v: pair[v].rb.sample(),
+        setup=_write(pair),
     )
 
 
-def test_online_sample_after_write(benchmark, online_rb):
-    """The ``sample`` of an online step alone: 1,000 rows are written (untimed) before each."""
-    filled = online_rb
-    _describe(benchmark, filled.case, filled.variant, "online sample-after-write")
-
-    def write():
-        filled.rb.extend(filled.next_rows(WRITE))
-
-    benchmark.pedantic(filled.rb.sample, setup=write, rounds=filled.case.rounds, warmup_rounds=1)
-
-
-def test_online_sample_without_write(benchmark, online_rb):
+def test_online_sample_without_write(benchmark, online_pair):
     """The same ``sample`` with no write before it: stock's value cache serves it.
 
     The floor for the sample after a write: what TorchRL's sampling costs when the
     boundaries are already known.
     """
-    filled = online_rb
-    _describe(benchmark, filled.case, filled.variant, "online sample-without-write")
-    benchmark.pedantic(filled.rb.sample, rounds=filled.case.rounds, warmup_rounds=1)
+    pair = online_pair
+    time_in_turn(
+        benchmark, pair["stock"].case, "online sample-without-write", lambda v: pair[v].rb.sample()
+    )
 
 
-def test_online_extend(benchmark, online_rb):
+def test_online_extend(benchmark, online_pair):
     """The ``extend`` of an online step alone: 1,000 rows, writes back to back, no sample."""
-    filled = online_rb
-    _describe(benchmark, filled.case, filled.variant, "online extend")
-    benchmark.pedantic(
-        filled.rb.extend,
-        setup=lambda: ((filled.next_rows(WRITE),), {}),
-        rounds=filled.case.rounds,
-        warmup_rounds=1,
+    pair = online_pair
+    rows = {}
+
+    def make_rows(variant):
+        rows[variant] = pair[variant].next_rows(WRITE)
+
+    time_in_turn(
+        benchmark,
+        pair["stock"].case,
+        "online extend",
+        lambda v: pair[v].rb.extend(rows.pop(v)),
+        setup=make_rows,
     )
 
 
 # --- 3. TD-MPC2 loop ---------------------------------------------------------------
 
 
-def test_tdmpc2_loop(benchmark, tdmpc2_rb):
+def test_tdmpc2_loop(benchmark, tdmpc2_pair):
     """One episode of a TD-MPC2 learner: 50 samples (256 slices of 4), then one 500-step episode.
 
     The sampler is TD-MPC2's (episode ids, no value cache, strict length). A round is
     the whole loop; ``extra_info`` also gives the median per sample (round / 50).
     """
-    filled = tdmpc2_rb
-    _describe(benchmark, filled.case, filled.variant, "tdmpc2 loop")
-    benchmark.extra_info["samples_per_round"] = TDMPC2_SAMPLES_PER_EPISODE
+    pair = tdmpc2_pair
+    case = pair["stock"].case
+    episodes = {}
 
-    def loop(episode):
+    def make_episode(variant):
+        episodes[variant] = pair[variant].next_rows(case.episode_len)
+
+    def loop(variant):
+        rb = pair[variant].rb
         for _ in range(TDMPC2_SAMPLES_PER_EPISODE):
-            filled.rb.sample()
-        filled.rb.extend(episode)
+            rb.sample()
+        rb.extend(episodes.pop(variant))
 
-    benchmark.pedantic(
-        loop,
-        setup=lambda: ((filled.next_rows(filled.case.episode_len),), {}),
-        rounds=filled.case.rounds,
-    )
-    if benchmark.stats is not None:
-        median = benchmark.stats.stats.median
-        benchmark.extra_info["per_sample_median_s"] = median / TDMPC2_SAMPLES_PER_EPISODE
+    medians = time_in_turn(benchmark, case, "tdmpc2 loop", loop, setup=make_episode)
+    benchmark.extra_info["samples_per_round"] = TDMPC2_SAMPLES_PER_EPISODE
+    for variant, median in medians.items():
+        benchmark.extra_info[f"{variant}_per_sample_median_s"] = median / TDMPC2_SAMPLES_PER_EPISODE
 
 
 # --- 4. cold build ------------------------------------------------------------------
@@ -418,23 +495,28 @@ def test_tdmpc2_loop(benchmark, tdmpc2_rb):
 def test_cold_first_sample(benchmark, cold_case):
     """The first ``rb.sample()`` of a buffer just filled with ``stored`` rows.
 
-    Each round builds and fills a fresh buffer (untimed), then times its first sample:
-    for the patched build, what the index costs before it is warm; for stock, one
-    sample without the value cache, which is what every stock sample costs.
+    Each round builds and fills a fresh buffer of each variant (untimed, one alive at
+    a time), then times its first sample: for the patched build, what the index
+    costs before it is warm; for stock, one sample without the value cache, which is
+    what every stock sample costs.
     """
-    case, variant = cold_case
-    _describe(benchmark, case, variant, "cold first sample")
+    case = cold_case
     _require_memory(case)
     current = {}
 
-    def build():
+    def build(variant):
         current.clear()
         gc.collect()
-        current["filled"] = Filled(case, variant)
+        current[variant] = Filled(case, variant)
 
     try:
-        benchmark.pedantic(
-            lambda: current["filled"].rb.sample(), setup=build, rounds=case.rounds
+        time_in_turn(
+            benchmark,
+            case,
+            "cold first sample",
+            lambda v: current[v].rb.sample(),
+            setup=build,
+            warmup_rounds=0,
         )
     finally:
         current.clear()
@@ -444,62 +526,27 @@ def test_cold_first_sample(benchmark, cold_case):
 # --- 5. extend alone ----------------------------------------------------------------
 
 
-def test_extend(benchmark, extend_rb):
+def test_extend(benchmark, extend_pair):
     """One ``extend`` of 1,000 rows that follows a sample, as in an online loop.
 
     ``room``: the buffer has free capacity. ``wrap``: the buffer is full and its write
     cursor sits mid-episode, so each write overwrites the end of one old episode and
-    the start of the next. The sample before each write is untimed. The fix may cost
-    at most 10% here.
+    the start of the next. The sample and the making of the rows before each write
+    are untimed. The fix may cost at most 10% here.
     """
-    filled = extend_rb
-    _describe(benchmark, filled.case, filled.variant, f"extend {filled.case.mode}")
+    pair = extend_pair
+    case = pair["stock"].case
+    rows = {}
 
-    def rows_after_a_sample():
-        filled.rb.sample()
-        return (filled.next_rows(WRITE),), {}
+    def sample_then_make_rows(variant):
+        pair[variant].rb.sample()
+        rows[variant] = pair[variant].next_rows(WRITE)
 
-    benchmark.pedantic(
-        filled.rb.extend, setup=rows_after_a_sample, rounds=filled.case.rounds, warmup_rounds=5
+    time_in_turn(
+        benchmark,
+        case,
+        f"extend {case.mode}",
+        lambda v: pair[v].rb.extend(rows.pop(v)),
+        setup=sample_then_make_rows,
+        warmup_rounds=5,
     )
-
-
-def _extend_pair_params() -> list:
-    return [pytest.param(case, id=case.id) for case in EXTEND]
-
-
-@pytest.mark.parametrize("case", _extend_pair_params())
-def test_extend_interleaved(benchmark, case):
-    """Stock and patched ``extend`` of 1,000 rows taken in turn, each after a sample.
-
-    The two buffers live side by side and every round times one write of each, in
-    alternating order, so a load that comes and goes on the machine hits both alike.
-    The medians of each are in ``extra_info`` (``stock_median_s``,
-    ``patched_median_s``); the benchmark's own statistics time the pair.
-    """
-    pair = {variant: Filled(case, variant) for variant in VARIANTS}
-    for filled in pair.values():
-        filled.rb.sample()
-    times: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
-    turn = [0]
-
-    def one_round():
-        order = VARIANTS if turn[0] % 2 == 0 else VARIANTS[::-1]
-        turn[0] += 1
-        for variant in order:
-            filled = pair[variant]
-            filled.rb.sample()
-            rows = filled.next_rows(WRITE)
-            start = time.perf_counter()
-            filled.rb.extend(rows)
-            times[variant].append(time.perf_counter() - start)
-
-    benchmark.pedantic(one_round, rounds=case.rounds, warmup_rounds=5)
-    _describe(benchmark, case, "pair", f"extend {case.mode} interleaved")
-    if times["stock"]:
-        stock, patched = (statistics.median(times[v][5:] or times[v]) for v in VARIANTS)
-        benchmark.extra_info.update(
-            stock_median_s=stock, patched_median_s=patched, patched_over_stock=patched / stock
-        )
-    for filled in pair.values():
-        filled.release()

@@ -160,3 +160,22 @@ def test_samplers_remember_whether_their_trajectory_key_was_named():
     assert not SliceSampler(slice_len=2).__dict__[sbi._TRAJ_KEY_NAMED]
     assert not SliceSamplerWithoutReplacement(slice_len=2).__dict__[sbi._TRAJ_KEY_NAMED]
     assert "traj_key" in inspect.signature(SliceSampler.__init__).parameters
+
+
+@pytest.mark.parametrize("first_reader", ["named", "unnamed"])
+def test_agreement_is_dropped_when_only_named_keys_read_the_storage(first_reader):
+    from torchrl.data import SliceSampler
+
+    storage = _storage()
+    state = storage.__dict__[sbi._STATE_ATTR]
+    named, unnamed = SliceSampler(slice_len=2, traj_key="episode"), SliceSampler(slice_len=2)
+    readers = [named, unnamed] if first_reader == "named" else [unnamed, named]
+    for sampler in readers:
+        sampler._get_stop_and_length(storage)
+    if first_reader == "named":
+        assert state.agreements == {}
+        assert sbi.boundary_source(storage) == ("trajectory", "episode")
+    else:
+        assert list(state.agreements) == ["episode"]
+        unnamed._get_stop_and_length(storage)
+        assert sbi.boundary_source(storage) == ("end", ("next", "done"))

@@ -25,8 +25,9 @@ the rows where the flags and the ids mark different ends (O(k) per write, read i
 batches). While they mark the same ends, the index reads the flags: a boolean
 column is 8x smaller than int64 ids, and a cold build needs no comparison of
 neighbouring rows. Where they disagree (collectors writing interleaved rows),
-the ids are read and this is logged once.
-A key the user named, ``traj_key`` or ``end_key``, is read as named.
+the ids are read and this is logged once. A key the user named, ``traj_key`` or
+``end_key``, is read as named; when such a sampler is the first to read a storage,
+the agreement stops being followed there, as nothing would use it.
 :func:`boundary_source` tells which column a storage's last sample read.
 
 Coherence: every write path of the storage records its rows (``extend``, ``add``,
@@ -132,6 +133,8 @@ class _StorageBoundaryState:
         # followed from the storage's first write on
         self.agreements: dict[Any, _Agreement] = {}
         self.pairs_decided = False
+        # whether a sampler that names no key has read this storage
+        self.unnamed_samplers = False
         self.last_source = None
 
     def __getstate__(self):
@@ -462,13 +465,12 @@ def _check_agreements(storage, state, rows) -> None:
     The written rows are recorded by ``state.record_write``; reading them in batches
     keeps the cost per write to a few microseconds.
     """
-    length = storage._len_along_dim0
     for id_key, agreement in state.agreements.items():
         disagreements = agreement.disagreements
         if disagreements.built:
             if disagreements.pending_rows >= _AGREEMENT_BATCH:
-                _refresh_agreement(storage, id_key, agreement, length)
-        elif rows is not None and 4 * rows.numel() >= length:
+                _refresh_agreement(storage, id_key, agreement, storage._len_along_dim0)
+        elif rows is not None and 4 * rows.numel() >= (length := storage._len_along_dim0):
             # Checking every stored row costs no more than this write: start over.
             _refresh_agreement(storage, id_key, agreement, length)
 
@@ -494,16 +496,19 @@ def _refresh_agreement(storage, id_key, agreement, length: int) -> bool:
     return True
 
 
+def _may_read_end_flags(sampler) -> bool:
+    """Whether ``sampler`` names no key, so that the done flags may stand in for its ids."""
+    if sampler.__dict__.get(_TRAJ_KEY_NAMED, True) or getattr(sampler, "end_keys", None):
+        return False
+    return sampler.end_key is not None and unravel_key(sampler.end_key) == _END_KEY
+
+
 def _agreeing_end_flags(sampler, storage, state, id_key, length, at_capacity, cursor):
     """``(key, signal)`` of end flags that give the same boundaries as ``id_key``, or None.
 
     Only for a sampler whose trajectory key was not named: a key the user named
     is read as named.
     """
-    if sampler.__dict__.get(_TRAJ_KEY_NAMED, True) or getattr(sampler, "end_keys", None):
-        return None
-    if sampler.end_key is None or unravel_key(sampler.end_key) != _END_KEY:
-        return None
     agreement = state.agreements.get(unravel_key(id_key))
     if agreement is None or not agreement.disagreements.built:
         return None
@@ -605,7 +610,13 @@ def _boundary_index_boundaries(sampler, storage):
             state.reset()
             state.sync()
             state.seen_revision = revision
-        if kind == "trajectory":
+        if not _may_read_end_flags(sampler):
+            if not state.unnamed_samplers and state.agreements:
+                # Only samplers that name their keys read this storage so far:
+                # following the agreement would cost every write for nothing.
+                state.agreements.clear()
+        elif kind == "trajectory":
+            state.unnamed_samplers = True
             flags = _agreeing_end_flags(sampler, storage, state, key[1], length, at_capacity, cursor)
             if flags is not None:
                 # the end flags give the same boundaries from a column 8x smaller

@@ -19,7 +19,9 @@ benchmark records in ``extra_info``:
   samples taken in turn (``PAIRS`` of each), which a load that comes and goes on
   the machine affects alike.
 
-Both ratios are printed at the end of the module.
+Both ratios are printed at the end of the module. ``test_sample_image_rows_in_turn``
+then times each sampler's sample on stock and patched buffers side by side, in
+turn, for the stock / patched table of ``conformance/speed_report.py``.
 
 Stored rows: 20,000 (about 0.5 GB per variant) by default; ``--slice-scale report``
 or ``full`` stores 200,000 (about 5 GB per variant; skipped, saying so, when the
@@ -186,11 +188,9 @@ def test_sample_image_rows(benchmark, variants, medians, ratios, request, varian
     scale = _scale(request.config)
     buffers = variants.get(variant)
     benchmark.group = f"single gather: sample 2,048 image rows, {variants.stored:,} stored"
-    benchmark.extra_info.update(
-        scenario=f"{sampler} sample, image rows {variants.stored:,}",
-        variant=variant,
-        sampler=sampler,
-    )
+    # No "scenario": the stock / patched table takes these rows from the benchmark
+    # below, which times both variants in turn.
+    benchmark.extra_info.update(variant=variant, sampler=sampler)
     benchmark.pedantic(buffers[sampler].sample, rounds=ROUNDS[scale], warmup_rounds=2)
     stats = getattr(benchmark, "stats", None)
     if stats is None:  # --benchmark-disable
@@ -202,3 +202,49 @@ def test_sample_image_rows(benchmark, variants, medians, ratios, request, varian
         benchmark.extra_info["slice_over_random"] = round(ratio, 3)
         benchmark.extra_info["slice_over_random_interleaved"] = round(interleaved, 3)
         ratios[variant] = (ratio, interleaved)
+
+
+@pytest.mark.parametrize("sampler", ["slice", "random"])
+def test_sample_image_rows_in_turn(benchmark, variants, request, sampler):
+    """The same sample, stock and patched buffers side by side, timed in turn.
+
+    Each round samples once from each variant, in an order that alternates from
+    round to round; ``extra_info`` carries both medians (``variant`` ``"pair"``),
+    which the stock / patched table reads.
+    """
+    scale = _scale(request.config)
+    variants.clear()
+    needed = 2 * variants.stored * ROW_BYTES * 3 // 2
+    available = available_memory()
+    if available is not None and available < needed:
+        pytest.skip(f"needs about {needed / 2**30:.1f} GiB of available memory")
+    with torchrl_fixes.disabled():
+        pair = {"stock": build_buffers(variants.stored)[sampler]}
+    pair["patched"] = build_buffers(variants.stored)[sampler]
+    for rb in pair.values():
+        rb.sample()
+    times: dict[str, list[float]] = {"stock": [], "patched": []}
+    played = [0]
+
+    def one_round():
+        order = ("stock", "patched") if played[0] % 2 == 0 else ("patched", "stock")
+        played[0] += 1
+        for variant in order:
+            start = time.perf_counter()
+            pair[variant].sample()
+            times[variant].append(time.perf_counter() - start)
+
+    scenario = f"{sampler} sample, image rows {variants.stored:,}"
+    benchmark.group = scenario
+    benchmark.extra_info.update(
+        scenario=scenario, operation=f"{sampler} sample, image rows", variant="pair"
+    )
+    benchmark.pedantic(one_round, rounds=ROUNDS[scale], warmup_rounds=2)
+    medians = {v: statistics.median(t[2:] or t) for v, t in times.items()}
+    benchmark.extra_info.update(
+        stock_median_s=medians["stock"],
+        patched_median_s=medians["patched"],
+        speedup=medians["stock"] / medians["patched"],
+    )
+    pair.clear()
+    gc.collect()

@@ -147,3 +147,14 @@ def test_bench_reports_failing_benchmarks_and_missing_requirements(
     monkeypatch.setattr(speed_comparison, "missing_requirements", lambda: ["matplotlib"])
     assert cli.main(["bench", "--out", str(tmp_path)]) == 2
     assert "need matplotlib" in capsys.readouterr().err
+
+
+def test_a_baseline_that_this_run_would_overwrite_is_refused(fake_pytest, tmp_path, capsys):
+    calls, _ = fake_pytest
+    (tmp_path / "bench.json").write_text(json.dumps(_report()))
+    argv = ["bench", "--out", str(tmp_path), "--compare", str(tmp_path / "bench.json")]
+    assert cli.main(argv) == 2
+    assert "copy it elsewhere first" in capsys.readouterr().err
+    assert cli.main(["bench", "--out", str(tmp_path), "--compare", str(tmp_path / "nope.json")]) == 2
+    assert "no baseline" in capsys.readouterr().err
+    assert calls == []  # refused before anything ran

@@ -135,8 +135,15 @@ def run(
         )
     check_memory(root, full)
     out = Path(out_dir).resolve()
-    out.mkdir(parents=True, exist_ok=True)
     json_path = out / "bench.json"
+    if compare is not None:
+        if not Path(compare).is_file():
+            raise SpeedComparisonError(f"no baseline at {compare}")
+        if Path(compare).resolve() == json_path:
+            raise SpeedComparisonError(
+                f"the baseline {compare} is the file this run writes: copy it elsewhere first"
+            )
+    out.mkdir(parents=True, exist_ok=True)
     command = pytest_command(root, json_path, full=full, threads=threads)
     progress = sys.stderr if as_json else sys.stdout
     progress.flush()

@@ -42,6 +42,7 @@ from torchrl.data import LazyTensorStorage, RandomSampler, SliceSampler, TensorD
 
 import torchrl_fixes
 from conformance.host_memory import available_memory
+from conformance.timing_in_turn import time_in_turn
 
 pytestmark = pytest.mark.speed
 
@@ -208,9 +209,8 @@ def test_sample_image_rows(benchmark, variants, medians, ratios, request, varian
 def test_sample_image_rows_in_turn(benchmark, variants, request, sampler):
     """The same sample, stock and patched buffers side by side, timed in turn.
 
-    Each round samples once from each variant, in an order that alternates from
-    round to round; ``extra_info`` carries both medians (``variant`` ``"pair"``),
-    which the stock / patched table reads.
+    Timed by :func:`~conformance.timing_in_turn.time_in_turn`, whose medians the
+    stock / patched table reads.
     """
     scale = _scale(request.config)
     variants.clear()
@@ -223,28 +223,9 @@ def test_sample_image_rows_in_turn(benchmark, variants, request, sampler):
     pair["patched"] = build_buffers(variants.stored)[sampler]
     for rb in pair.values():
         rb.sample()
-    times: dict[str, list[float]] = {"stock": [], "patched": []}
-    played = [0]
-
-    def one_round():
-        order = ("stock", "patched") if played[0] % 2 == 0 else ("patched", "stock")
-        played[0] += 1
-        for variant in order:
-            start = time.perf_counter()
-            pair[variant].sample()
-            times[variant].append(time.perf_counter() - start)
-
     scenario = f"{sampler} sample, image rows {variants.stored:,}"
     benchmark.group = scenario
-    benchmark.extra_info.update(
-        scenario=scenario, operation=f"{sampler} sample, image rows", variant="pair"
-    )
-    benchmark.pedantic(one_round, rounds=ROUNDS[scale], warmup_rounds=2)
-    medians = {v: statistics.median(t[2:] or t) for v, t in times.items()}
-    benchmark.extra_info.update(
-        stock_median_s=medians["stock"],
-        patched_median_s=medians["patched"],
-        speedup=medians["stock"] / medians["patched"],
-    )
+    benchmark.extra_info.update(scenario=scenario, operation=f"{sampler} sample, image rows")
+    time_in_turn(benchmark, lambda v: pair[v].sample(), rounds=ROUNDS[scale], warmup_rounds=2)
     pair.clear()
     gc.collect()

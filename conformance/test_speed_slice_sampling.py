@@ -30,8 +30,6 @@ each timed operation runs once. ``conformance/speed_report.py`` turns the
 from __future__ import annotations
 
 import gc
-import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -42,11 +40,12 @@ from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, ReplayBuffer, SliceSampler, TensorDictReplayBuffer
 
 import torchrl_fixes
+from conformance import timing_in_turn
 from conformance.host_memory import available_memory
 
 pytestmark = [pytest.mark.speed, pytest.mark.usefixtures("slice_threads")]
 
-VARIANTS = ("stock", "patched")
+VARIANTS = timing_in_turn.VARIANTS
 SCALES = ("ci", "report", "full")
 FILL_CHUNK = 5_000_000
 WRITE = 1_000
@@ -315,7 +314,6 @@ def _describe(benchmark, case: Case, operation: str) -> None:
         stored=case.stored,
         capacity=case.capacity,
         key=case.key,
-        variant="pair",
         torch=torch.__version__,
         torchrl=torchrl.__version__,
         applied=list(_applied()),
@@ -333,46 +331,13 @@ def time_in_turn(
     timed: Callable[[str], None],
     *,
     setup: Callable[[str], None] | None = None,
-    rounds: int | None = None,
     warmup_rounds: int = 1,
 ) -> dict[str, float]:
-    """Times ``timed(variant)`` for stock and patched in turn, and records both medians.
-
-    Each round runs ``setup(variant)`` (untimed) then ``timed(variant)`` for each
-    variant, in an order that alternates from round to round, so that a load that
-    comes and goes on the machine hits both alike. The first ``warmup_rounds`` are
-    not counted. ``extra_info`` gets ``stock_median_s`` and ``patched_median_s``;
-    pytest-benchmark's own statistics time whole rounds (both variants and the
-    setups).
-
-    Returns:
-        variant -> median seconds.
-    """
+    """:func:`conformance.timing_in_turn.time_in_turn` for ``case``, described for the report."""
     _describe(benchmark, case, operation)
-    times: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
-    played = [0]
-
-    def one_round():
-        order = VARIANTS if played[0] % 2 == 0 else VARIANTS[::-1]
-        counted = played[0] >= warmup_rounds
-        played[0] += 1
-        for variant in order:
-            if setup is not None:
-                setup(variant)
-            start = time.perf_counter()
-            timed(variant)
-            elapsed = time.perf_counter() - start
-            if counted:
-                times[variant].append(elapsed)
-
-    benchmark.pedantic(
-        one_round, rounds=case.rounds if rounds is None else rounds, warmup_rounds=warmup_rounds
+    return timing_in_turn.time_in_turn(
+        benchmark, timed, rounds=case.rounds, setup=setup, warmup_rounds=warmup_rounds
     )
-    medians = {variant: statistics.median(values) for variant, values in times.items() if values}
-    benchmark.extra_info.update({f"{variant}_median_s": m for variant, m in medians.items()})
-    if len(medians) == len(VARIANTS):
-        benchmark.extra_info["speedup"] = medians["stock"] / medians["patched"]
-    return medians
 
 
 # --- 1. seed table ---------------------------------------------------------------

@@ -506,15 +506,14 @@ def _may_read_end_flags(sampler) -> bool:
 def _agreeing_end_flags(sampler, storage, state, id_key, length, at_capacity, cursor):
     """``(key, signal)`` of end flags that give the same boundaries as ``id_key``, or None.
 
-    Only for a sampler whose trajectory key was not named: a key the user named
-    is read as named.
+    Asked only for samplers that name no key (:func:`_may_read_end_flags`): a key
+    the user named is read as named.
     """
     agreement = state.agreements.get(unravel_key(id_key))
     if agreement is None or not agreement.disagreements.built:
         return None
     if not _refresh_agreement(storage, id_key, agreement, length):
         return None
-    ends = _end_column(storage._storage, _END_KEY, storage.ndim)
     if not agreement.disagreements.agree(length=length, at_capacity=at_capacity, cursor=cursor):
         if not agreement.logged:
             agreement.logged = True
@@ -525,6 +524,7 @@ def _agreeing_end_flags(sampler, storage, state, id_key, length, at_capacity, cu
                 _END_KEY,
             )
         return None
+    ends = _end_column(storage._storage, _END_KEY, storage.ndim)
     shape, _ = _row_shape([ends], storage.ndim)
     return ("end", _END_KEY, _stamp([ends])), _column_signal([ends], shape)
 

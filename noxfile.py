@@ -12,8 +12,11 @@ Every environment installs the CPU build of torch 2.13.0 explicitly first: a bar
     nox -s benchmark -- --full       # adds 346M stored transitions (about 18 GiB of memory)
     nox -s benchmark -- --compare BASELINE.json
     nox -s compare                   # stock vs patched outputs (pinning), side by side
+    nox -s upstream                  # patches/ applied to TorchRL 0.14.1's source, no runtime patching
 """
 from __future__ import annotations
+
+import os
 
 import nox
 
@@ -96,3 +99,32 @@ def benchmark(session: nox.Session) -> None:
     session.install(TORCH)
     session.install("-e", ".[bench]", f"torchrl=={NEWEST}", f"tensordict=={RELEASES[NEWEST]}")
     session.run("python", "-m", "torchrl_fixes", "bench", *session.posargs)
+
+
+@nox.session
+def upstream(session: nox.Session) -> None:
+    """The upstream diffs, proven by the same suite with no runtime patching.
+
+    Checks that ``patches/`` is what the runtime fixes write, copies the installed
+    TorchRL 0.14.1 into a temporary folder, applies every patch with ``git apply``,
+    then runs the conformance suite and the speed benchmarks against that copy with
+    ``TORCHRL_FIXES=0``. Stock, for the comparison, is compiled from the untouched
+    install (``conformance/stock_source.py``). Arguments after ``--`` go to pytest.
+    """
+    _install(session, NEWEST)
+    session.run("python", "-m", "torchrl_fixes", "export-patches", "--check")
+    work = session.create_tmp()
+    source = os.path.join(work, "torchrl-patched")
+    session.run("python", "-c", f"import shutil; shutil.rmtree({source!r}, ignore_errors=True)")
+    stock = session.run(
+        "python", "-m", "torchrl_fixes", "patched-copy", source, silent=True
+    ).strip().splitlines()[-1]
+    env = {
+        "PYTHONPATH": source,
+        "TORCHRL_FIXES": "0",
+        "TORCHRL_FIXES_STOCK_SOURCE": stock,
+    }
+    session.run("python", "-m", "pytest", "conformance", *session.posargs, env=env)
+    session.run(
+        "python", "-m", "torchrl_fixes", "bench", "--out", os.path.join(work, "results"), env=env
+    )

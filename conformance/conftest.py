@@ -8,10 +8,19 @@ import pytest
 import torch
 
 import torchrl_fixes
+from conformance import reference
 
 
 def pytest_report_header(config):
-    return [str(torchrl_fixes.status()).splitlines()[0]]
+    header = [str(torchrl_fixes.status()).splitlines()[0]]
+    if reference.UPSTREAM:
+        import torchrl
+
+        header.append(
+            f"upstream: patched TorchRL source at {torchrl.__file__}, stock compiled from "
+            f"{os.environ[reference.STOCK_SOURCE_ENV]}"
+        )
+    return header
 
 
 def _has_cuda() -> bool:
@@ -45,7 +54,7 @@ def torchrl_extension():
     """
     from torchrl.data import PrioritizedSampler
 
-    with torchrl_fixes.disabled():
+    with reference.stock():
         try:
             PrioritizedSampler(8, alpha=0.7, beta=0.5)
         except (RuntimeError, ImportError) as err:

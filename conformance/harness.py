@@ -2,7 +2,8 @@
 
 A scenario is a callable that builds whatever it needs (buffers, data) and returns
 the outputs to compare. The stock run happens inside
-:func:`torchrl_fixes.disabled`, so everything it builds is a stock object; both
+:func:`conformance.reference.stock` (:func:`torchrl_fixes.disabled` on a stock
+install), so everything it builds is a stock object; both
 runs start from the same generator state: torch's, NumPy's (stock
 ``PrioritizedSampler`` draws from ``np.random`` when it has no generator) and
 Python's. Outputs are compared exactly
@@ -17,7 +18,7 @@ import numpy as np
 import torch
 from tensordict import is_tensor_collection
 
-import torchrl_fixes
+from conformance import reference
 
 
 def seed_everything(seed: int) -> None:
@@ -29,7 +30,7 @@ def seed_everything(seed: int) -> None:
 
 def run_stock(scenario: Callable[[], Any], seed: int = 0) -> Any:
     """Runs ``scenario`` on stock TorchRL, from generator state ``seed``."""
-    with torchrl_fixes.disabled():
+    with reference.stock():
         seed_everything(seed)
         return scenario()
 

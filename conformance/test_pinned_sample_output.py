@@ -16,14 +16,15 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-import torchrl_fixes
+from conformance import reference
 from conformance.harness import assert_identical, run_patched, run_stock, tensor_leaves
-from torchrl_fixes.warning_categories import PinMemoryUnavailableWarning
 
+_NOT_IN_EFFECT = reference.why_not_in_effect("pinned_sample_output")
 pytestmark = pytest.mark.skipif(
-    not torchrl_fixes.status()["pinned_sample_output"].applied,
-    reason="pinned_sample_output is not applied on this TorchRL",
+    _NOT_IN_EFFECT is not None,
+    reason=f"pinned_sample_output does not act here ({_NOT_IN_EFFECT})",
 )
+PinMemoryUnavailableWarning = reference.pin_memory_warning()
 
 N = 48
 _memmap_dirs = itertools.count()
@@ -246,7 +247,7 @@ def test_prefetch_pins_in_the_worker(fake_accelerator, tmp_path):
 
 def test_leaves_on_an_accelerator_are_left_alone(fake_accelerator):
     """Tensors not on the CPU are returned as they are, not pinned (meta stands in for a GPU)."""
-    from torchrl_fixes.fixes.pinned_sample_output import _pin_memory
+    _pin_memory = reference.pin_memory_function()
 
     on_device = torch.empty(3, device="meta")
     td = TensorDict({"cpu": torch.zeros(3), "dev": on_device}, [3])

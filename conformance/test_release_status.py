@@ -11,6 +11,7 @@ import pytest
 from packaging.version import Version
 
 import torchrl_fixes
+from conformance import reference
 from torchrl_fixes import registry as registry_module
 from torchrl_fixes.fixes import ALL_FIXES
 from torchrl_fixes.registry import Registry
@@ -26,6 +27,7 @@ EXPECTED_APPLIED = {
 }
 
 
+@reference.runtime_only
 def test_installed_release_applies_the_expected_fixes():
     """On the installed release, exactly the expected fixes are applied; the rest say why not."""
     version = str(installed_version("torchrl"))
@@ -46,6 +48,22 @@ def test_declared_ranges_match_the_release_table():
         assert admitted == listed, fix.name
 
 
+@pytest.mark.skipif(not reference.UPSTREAM, reason="only on a TorchRL source with patches/ applied")
+def test_runtime_fixes_skip_a_source_that_holds_them():
+    """On TorchRL with the patches applied, every runtime fix sees its target changed and skips."""
+    registry = Registry(ALL_FIXES)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            applied = registry.activate()
+        finally:
+            registry.deactivate()
+    assert applied == []
+    for row in registry.status():
+        assert row.state == "skipped" and row.reason.startswith("target changed:"), row
+    assert sum(issubclass(w.category, torchrl_fixes.FixSkippedWarning) for w in caught) == len(ALL_FIXES)
+
+
 @pytest.mark.parametrize("release", ["0.10.1", "0.15.0", "1.0.0"])
 def test_release_outside_every_range_is_skipped_with_its_reason(monkeypatch, release):
     """A release no fix supports: all skipped, each with a FixSkippedWarning naming the version."""
@@ -62,6 +80,7 @@ def test_release_outside_every_range_is_skipped_with_its_reason(monkeypatch, rel
     assert len(caught) == len(ALL_FIXES)
 
 
+@reference.runtime_only
 def test_changed_target_is_skipped_not_half_applied(monkeypatch):
     """A target whose code is not what the fix replaces: skipped, and nothing of it installed."""
     from torchrl.data import ReplayBuffer, TensorDictReplayBuffer

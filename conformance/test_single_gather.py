@@ -30,14 +30,15 @@ from torchrl.data import (
 )
 
 import torchrl_fixes
+from conformance import reference
 from conformance.harness import assert_identical, run_patched, run_stock
 from torchrl_fixes.fixes import ALL_FIXES
 from torchrl_fixes.fixes import single_gather as fix
 from torchrl_fixes.registry import Registry
 
+_NOT_IN_EFFECT = reference.why_not_in_effect("single_gather")
 pytestmark = pytest.mark.skipif(
-    not torchrl_fixes.status()["single_gather"].applied,
-    reason="single_gather is not applied on this TorchRL",
+    _NOT_IN_EFFECT is not None, reason=f"single_gather does not act here ({_NOT_IN_EFFECT})"
 )
 
 # pad_output is new in TorchRL 0.13; init_key and fragmented in 0.14.
@@ -309,10 +310,15 @@ def require(case: Case, request) -> None:
 
 @pytest.fixture(params=["all fixes", "single_gather alone"])
 def fix_set(request):
-    """Runs the test with every applied fix, then with ``single_gather`` as the only one."""
+    """Runs the test with every applied fix, then with ``single_gather`` as the only one.
+
+    The patched source holds every patch: there, only "all fixes" runs.
+    """
     if request.param == "all fixes":
         yield request.param
         return
+    if reference.UPSTREAM:
+        pytest.skip("the patched source holds every patch; fixes cannot be turned off one by one")
     others = [row.name for row in torchrl_fixes.status() if row.applied and row.name != "single_gather"]
     torchrl_fixes.deactivate(*others)
     try:
@@ -371,7 +377,7 @@ def test_stock_gathers_the_sampled_rows_twice(case, request):
     reads_rows = case.options.get("truncated_key", ()) is not None or HAS_INIT_MARKER
     if not reads_rows:
         pytest.skip("without truncated_key, this TorchRL's sampler reads no rows")
-    with torchrl_fixes.disabled():
+    with reference.stock():
         rb = build_buffer(case, None)
     rb.sample()
     # built while disabled, the sampler keeps running stock code after the block
@@ -443,6 +449,7 @@ def test_storage_that_reads_rows_its_own_way_keeps_the_stock_read(tmp_path):
     assert fix._reads_tensordict(plain)
 
 
+@reference.runtime_only
 def test_changed_target_is_skipped_not_half_applied(monkeypatch):
     """A slice sampler whose info code is not the stock one: skipped, nothing of the fix installed."""
     name = "_finalize_index" if "_finalize_index" in vars(SliceSampler) else "_get_index"
@@ -465,6 +472,7 @@ def test_changed_target_is_skipped_not_half_applied(monkeypatch):
         assert vars(PrioritizedSliceSampler)["sample"] is stock_sample
 
 
+@reference.runtime_only
 def test_changed_storage_read_is_skipped(monkeypatch):
     """If ``TensorStorage.get`` changes, the fix no longer knows what a read returns: skipped."""
     from torchrl.data.replay_buffers.storages import TensorStorage
@@ -483,6 +491,7 @@ def test_changed_storage_read_is_skipped(monkeypatch):
         assert row.reason.startswith("target changed: TensorStorage.get")
 
 
+@reference.runtime_only
 def test_plan_replaces_the_release_s_info_builder():
     """The fix replaces the method that builds the info on this release, and PrioritizedSliceSampler.sample."""
     name = "_finalize_index" if "_finalize_index" in vars(SliceSampler) else "_get_index"

@@ -24,7 +24,7 @@ import torch
 import torch.multiprocessing
 from tensordict import TensorDict
 
-import torchrl_fixes
+from conformance import reference
 from conformance.harness import assert_identical, run_patched, run_stock
 from conformance.slice_scenarios import (
     EPISODE_KEY,
@@ -45,26 +45,9 @@ from conformance.slice_scenarios import (
 FIX = "slice_boundary_index"
 
 
-def _why_not_applied() -> str | None:
-    """Why the fix exists but is not applied here; None when it is applied or does not exist.
-
-    Before the fix exists, both runs of every test are stock: the tests still run,
-    and show the scenarios are deterministic.
-    """
-    if FIX not in torchrl_fixes.fix_names():
-        return None
-    try:
-        row = torchrl_fixes.status()[FIX]
-    except KeyError:
-        return None
-    return None if row.applied else f"{row.state}: {row.reason}"
-
-
-_NOT_APPLIED = _why_not_applied()
+_NOT_IN_EFFECT = reference.why_not_in_effect(FIX)
 pytestmark = [
-    pytest.mark.skipif(
-        _NOT_APPLIED is not None, reason=f"{FIX} is not applied on this TorchRL ({_NOT_APPLIED})"
-    ),
+    pytest.mark.skipif(_NOT_IN_EFFECT is not None, reason=f"{FIX} does not act here ({_NOT_IN_EFFECT})"),
     # Stock PrioritizedSliceSampler converts tensors with np.asarray(copy=False) at every sample.
     pytest.mark.filterwarnings("ignore:__array__ implementation doesn't accept a copy keyword"),
 ]
@@ -111,7 +94,7 @@ def stock_boundaries_from_scratch():
 
 
 STOCK_CACHE_GOES_STALE = '"stop-and-length"' in inspect.getsource(
-    torchrl_fixes.get_original(
+    reference.stock_attribute(
         __import__("torchrl.data.replay_buffers.samplers", fromlist=["SliceSampler"]).SliceSampler,
         "_get_stop_and_length",
     )
@@ -780,9 +763,7 @@ END_FLAGS = ("end", ("next", "done"))
 
 def read_sources(rb, sources: list) -> None:
     """Appends what the last sample read its boundaries from (None on stock)."""
-    from torchrl_fixes.fixes.slice_boundary_index import boundary_source
-
-    sources.append(boundary_source(rb._storage))
+    sources.append(reference.boundary_index_module().boundary_source(rb._storage))
 
 
 def patched_sources(scenario_factory, seed: int = 0, *, fresh_stock: bool = False) -> list:
@@ -865,9 +846,7 @@ def test_agreement_follows_the_writes(
     setup = edge_setup(sampler, cache, storage=storage, keys="unnamed", strict_length=False)
     require(setup, request)
     if checked == "every-write":
-        from torchrl_fixes.fixes import slice_boundary_index
-
-        monkeypatch.setattr(slice_boundary_index, "_AGREEMENT_BATCH", 1)
+        monkeypatch.setattr(reference.boundary_index_module(), "_AGREEMENT_BATCH", 1)
 
     def factory(sources):
         def run():
@@ -888,7 +867,7 @@ def test_agreement_follows_the_writes(
 
         return run
 
-    with caplog.at_level("INFO", logger="torchrl_fixes"):
+    with caplog.at_level("INFO", logger=reference.INDEX_LOGGER):
         sources = patched_sources(factory, 32)
     assert sources[0] == sources[3] == END_FLAGS
     assert sources[1] == sources[2] and sources[1][0] == "trajectory"

@@ -9,7 +9,7 @@ about one gather of the sampled rows; stock ``SliceSampler`` gathers them twice.
 
 All four benchmarks (stock / patched x slice / random) share one pytest-benchmark
 group. The stock slice and random buffers are built and filled inside
-:func:`torchrl_fixes.disabled`, so they keep running stock code; the two buffers
+:func:`conformance.reference.stock`, so they keep running stock code; the two buffers
 of a variant share one storage, so they read the same memory. Each slice
 benchmark records in ``extra_info``:
 
@@ -40,7 +40,7 @@ import torch
 from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, RandomSampler, SliceSampler, TensorDictReplayBuffer
 
-import torchrl_fixes
+from conformance import reference
 from conformance.host_memory import available_memory
 from conformance.timing_in_turn import time_in_turn
 
@@ -117,7 +117,7 @@ class Variants:
             self._buffers = {}
             gc.collect()
             if variant == "stock":
-                with torchrl_fixes.disabled():
+                with reference.stock():
                     self._buffers = build_buffers(self.stored)
             else:
                 self._buffers = build_buffers(self.stored)
@@ -218,7 +218,7 @@ def test_sample_image_rows_in_turn(benchmark, variants, request, sampler):
     available = available_memory()
     if available is not None and available < needed:
         pytest.skip(f"needs about {needed / 2**30:.1f} GiB of available memory")
-    with torchrl_fixes.disabled():
+    with reference.stock():
         pair = {"stock": build_buffers(variants.stored)[sampler]}
     pair["patched"] = build_buffers(variants.stored)[sampler]
     for rb in pair.values():

@@ -1,7 +1,7 @@
 """Speed of ``SliceSampler``: stock TorchRL against ``torchrl_fixes``, on the same data.
 
 Every scenario is one benchmark that times stock and patched TorchRL in turn: the
-stock buffer is built inside :func:`torchrl_fixes.disabled` (so it stays a stock
+stock buffer is built inside :func:`conformance.reference.stock` (so it stays a stock
 buffer), the patched one with the fixes active, both are filled with the same rows
 and live side by side, and each round times the operation the benchmark names on
 one, then the other, in alternating order, so that a load that comes and goes on
@@ -40,7 +40,7 @@ from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, ReplayBuffer, SliceSampler, TensorDictReplayBuffer
 
 import torchrl_fixes
-from conformance import timing_in_turn
+from conformance import reference, timing_in_turn
 from conformance.host_memory import available_memory
 
 pytestmark = [pytest.mark.speed, pytest.mark.usefixtures("slice_threads")]
@@ -243,7 +243,7 @@ class Filled:
         self.case = case
         self.variant = variant
         if variant == "stock":
-            with torchrl_fixes.disabled():
+            with reference.stock():
                 self.rb = _make_buffer(case)
         else:
             self.rb = _make_buffer(case)
@@ -321,6 +321,8 @@ def _describe(benchmark, case: Case, operation: str) -> None:
 
 
 def _applied():
+    if reference.UPSTREAM:
+        return (name for name in reference.FIX_NAMES if reference.in_effect(name))
     return (row.name for row in torchrl_fixes.status() if row.state == "applied")
 
 

@@ -10,7 +10,7 @@ import torch
 from tensordict import TensorDict
 
 import torchrl_fixes
-from torchrl_fixes.fixes import slice_boundary_index as sbi
+from torchrl_fixes import storage_boundaries as sbi
 
 pytestmark = pytest.mark.skipif(
     not torchrl_fixes.status()["slice_boundary_index"].applied,

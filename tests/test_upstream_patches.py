@@ -1,8 +1,10 @@
 """The upstream diffs apply to TorchRL 0.14.1 and carry the runtime fixes' code.
 
 Each patch is applied with ``git apply -p1`` to a copy of the installed TorchRL's
-files; every function the patch writes must then have the same source fingerprint
-as the function the runtime fix installs. A change to one without the other fails.
+files. The generated patches must be byte for byte what ``export-patches`` writes
+from the runtime fixes today; the hand-written one must hold functions with the
+same source fingerprints as the runtime fix's. A change to one side without the
+other fails.
 """
 from __future__ import annotations
 
@@ -10,12 +12,15 @@ import ast
 import inspect
 import shutil
 import subprocess
+import textwrap
 from pathlib import Path
 
 import pytest
 
 import torchrl_fixes
+from torchrl_fixes import upstream_patches
 from torchrl_fixes.fixes import pinned_sample_output as pinned
+from torchrl_fixes.fixes.slice_boundary_index import INLINE_HOOKS, SliceBoundaryIndex
 from torchrl_fixes.source_fingerprint import fingerprint_source, source_fingerprint
 from torchrl_fixes.versions import installed_version
 
@@ -90,3 +95,138 @@ def test_warning_differs_only_in_category(patched_torchrl):
     assert message(upstream) == message(runtime)
     assert "category=UserWarning" in upstream
     assert issubclass(torchrl_fixes.PinMemoryUnavailableWarning, UserWarning)
+
+
+def test_generated_patches_are_what_the_fixes_write():
+    """patches/0002 and 0003 are exactly what export-patches writes from the runtime fixes."""
+    rendered = upstream_patches.render()
+    assert sorted(rendered) == ["0002-slice-boundary-index.patch", "0003-single-gather.patch"]
+    for name, text in rendered.items():
+        assert (PATCHES / name).read_text() == text, f"{name} is out of date: run export-patches"
+
+
+def _statements(nodes) -> list[str]:
+    return [ast.dump(node) for node in nodes]
+
+
+def _parsed(statements) -> list[str]:
+    return _statements(ast.parse("\n".join(statements)).body)
+
+
+def test_inline_hooks_are_what_the_runtime_wrappers_run():
+    """Each method the slice patch edits runs, around the stock code, what its runtime wrapper runs."""
+    wrappers = {
+        f"{rep.owner.__name__}.{rep.name}": rep.new for rep in SliceBoundaryIndex().plan()
+    }
+    assert {qualname for _, qualname in INLINE_HOOKS} == set(wrappers)
+    for (_, qualname), (before, after) in INLINE_HOOKS.items():
+        # the code object: inspect would follow functools.wraps to the stock method
+        body = ast.parse(textwrap.dedent(inspect.getsource(wrappers[qualname].__code__))).body[0].body
+        call = next(
+            i for i, node in enumerate(body)
+            if any(isinstance(n, ast.Name) and n.id == "original" for n in ast.walk(node))
+        )
+        tail = body[call + 1 :]
+        if tail and isinstance(tail[-1], ast.Return):
+            tail = tail[:-1]  # hands back what the stock method returned
+        assert _statements(body[:call]) == _parsed(before), qualname
+        assert _statements(tail) == _parsed(after), qualname
+
+
+def test_patch_edits_only_add_the_hooks(patched_torchrl):
+    """With the inline statements taken out, every method the slice patch edits is the stock method."""
+    import torchrl
+
+    site = Path(torchrl.__file__).parent
+    for (path, qualname), (before, after) in INLINE_HOOKS.items():
+        cls, name = qualname.split(".")
+        hooks = set(_parsed(before) + _parsed(after))
+        patched_file = patched_torchrl / "torchrl/data/replay_buffers" / path
+        stock_file = site / "data/replay_buffers" / path
+        patched = _methods(patched_file, cls, name)
+        stock = _methods(stock_file, cls, name)
+        assert len(patched) == len(stock) >= 1, qualname
+        for patched_node, stock_node in zip(patched, stock):
+            kept = [n for n in patched_node.body if ast.dump(n) not in hooks]
+            assert len(kept) == len(patched_node.body) - len(hooks), qualname
+            assert _statements(kept) == _statements(stock_node.body), qualname
+
+
+def _methods(path: Path, cls: str, name: str) -> list[ast.FunctionDef]:
+    body = next(
+        n for n in ast.parse(path.read_text()).body if isinstance(n, ast.ClassDef) and n.name == cls
+    ).body
+    return [n for n in body if isinstance(n, ast.FunctionDef) and n.name == name]
+
+
+@pytest.mark.parametrize("name", ["0001-pinned-sample-output.patch", "0002-slice-boundary-index.patch", "0003-single-gather.patch"])
+def test_each_patch_needs_only_what_it_declares(name, tmp_path):
+    """A patch applies to TorchRL 0.14.1 with only the patches its header names applied first."""
+    import torchrl
+
+    site = Path(torchrl.__file__).parent.parent
+    header = (PATCHES / name).read_text().split("\ndiff --git ", 1)[0]
+    declared = header.split("Depends on: ", 1)[1].split(".", 1)[0]
+    needed = [] if declared == "nothing" else [n.strip() for n in declared.split(",")]
+    tree = tmp_path / "src"
+    shutil.copytree(site / "torchrl", tree / "torchrl", ignore=shutil.ignore_patterns("__pycache__"))
+    for number in needed:
+        (patch,) = PATCHES.glob(f"{number}-*.patch")
+        subprocess.run(["git", "apply", "-p1", str(patch)], cwd=tree, check=True, capture_output=True)
+    result = subprocess.run(
+        ["git", "apply", "--check", "-p1", str(PATCHES / name)], cwd=tree, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_patched_source_holds_the_runtime_modules(patched_torchrl):
+    """The modules the slice patch adds are the runtime package's, imports aside."""
+    from torchrl_fixes import storage_boundaries, trajectory_boundaries
+
+    for module in (trajectory_boundaries, storage_boundaries):
+        added = patched_torchrl / "torchrl/data/replay_buffers" / Path(module.__file__).name
+        runtime = _definitions_without_docstrings(Path(module.__file__).read_text())
+        upstream = _definitions_without_docstrings(added.read_text())
+        assert upstream == runtime, module.__name__
+
+
+def _definitions_without_docstrings(source: str) -> dict[str, str]:
+    """Top-level definitions, dumped without docstrings (their doctests import differently)."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (
+            isinstance(node, (ast.FunctionDef, ast.ClassDef))
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
+            node.body = body[1:] or [ast.Pass()]
+    return {n.name: ast.dump(n) for n in tree.body if hasattr(n, "name")}
+
+
+def test_export_check_names_a_stale_patch(tmp_path, capsys):
+    """``export-patches --check`` exits 0 on patches/ and 1, naming the file, on a stale copy."""
+    from torchrl_fixes.__main__ import main
+
+    assert main(["export-patches", "--check"]) == 0
+    for patch in PATCHES.glob("*.patch"):
+        shutil.copy(patch, tmp_path / patch.name)
+    stale = tmp_path / "0003-single-gather.patch"
+    stale.write_text(stale.read_text().replace("_read_entries", "_read_all", 1))
+    capsys.readouterr()
+    assert main(["export-patches", "--check", "--patches", str(tmp_path)]) == 1
+    assert "0003-single-gather.patch: out of date" in capsys.readouterr().out
+    assert main(["export-patches", "--patches", str(tmp_path)]) == 0
+    assert stale.read_text() == (PATCHES / stale.name).read_text()
+
+
+def test_patched_copy_applies_every_patch(tmp_path):
+    """``patched-copy`` leaves a TorchRL tree holding every patch, and names the stock one."""
+    stock = upstream_patches.patched_copy(tmp_path)
+    assert (tmp_path / "torchrl/data/replay_buffers/storage_boundaries.py").is_file()
+    assert "_read_entries" in (tmp_path / "torchrl/data/replay_buffers/samplers/slice.py").read_text()
+    assert not (stock / "data/replay_buffers/storage_boundaries.py").exists()
+    with pytest.raises(upstream_patches.ExportError, match="already exists"):
+        upstream_patches.patched_copy(tmp_path)

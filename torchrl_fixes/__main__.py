@@ -1,10 +1,12 @@
-"""Command line: ``python -m torchrl_fixes [status|compare|bench]``.
+"""Command line: ``python -m torchrl_fixes [status|compare|bench|export-patches]``.
 
 ``status`` (the default) prints, for each fix, whether it is applied and why not.
 ``compare`` runs the same replay-buffer scenarios on stock and patched TorchRL in
 this process and prints what each returns. ``bench`` times stock against patched
 TorchRL on this machine and writes a table and a plot
-(:mod:`torchrl_fixes.speed_comparison`).
+(:mod:`torchrl_fixes.speed_comparison`). ``export-patches`` writes the upstream
+diffs of ``patches/`` from the runtime fixes (:mod:`torchrl_fixes.upstream_patches`);
+with ``--check`` it only says which are out of date, and exits 1 if any is.
 """
 from __future__ import annotations
 
@@ -21,10 +23,12 @@ def main(argv: list[str] | None = None) -> int:
         "command",
         nargs="?",
         default="status",
-        choices=("status", "compare", "bench"),
+        choices=("status", "compare", "bench", "export-patches", "patched-copy"),
         help="status: which fixes are applied and why not (default); "
         "compare: run stock and patched TorchRL side by side; "
-        "bench: time stock against patched TorchRL here, write a table and a plot",
+        "bench: time stock against patched TorchRL here, write a table and a plot; "
+        "export-patches: write the upstream diffs of patches/ from the runtime fixes; "
+        "patched-copy DEST: copy the installed TorchRL into DEST and apply patches/",
     )
     bench = parser.add_argument_group("bench")
     bench.add_argument(
@@ -49,7 +53,54 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument(
         "--json", action="store_true", help="print the results as JSON instead of a table"
     )
+    parser.add_argument("dest", nargs="?", help="patched-copy: the folder to copy TorchRL into")
+    export = parser.add_argument_group("export-patches")
+    export.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1 if a patch in the folder is not what the fixes write",
+    )
+    export.add_argument(
+        "--patches", default=None, help="the patches folder (default: the repository's patches/)"
+    )
     args = parser.parse_args(argv)
+
+    if args.command == "patched-copy":
+        from pathlib import Path
+
+        from torchrl_fixes import upstream_patches
+
+        if not args.dest:
+            parser.error("patched-copy needs DEST, the folder to copy TorchRL into")
+        patches = Path(args.patches) if args.patches else upstream_patches.PATCHES_DIR
+        try:
+            stock = upstream_patches.patched_copy(Path(args.dest), patches)
+        except upstream_patches.ExportError as err:
+            print(f"python -m torchrl_fixes patched-copy: {err}", file=sys.stderr)
+            return 2
+        print(stock)
+        return 0
+
+    if args.command == "export-patches":
+        from pathlib import Path
+
+        from torchrl_fixes import upstream_patches
+
+        out = Path(args.patches) if args.patches else upstream_patches.PATCHES_DIR
+        try:
+            changed = upstream_patches.export(out, check=args.check)
+        except upstream_patches.ExportError as err:
+            print(f"python -m torchrl_fixes export-patches: {err}", file=sys.stderr)
+            return 2
+        if args.check:
+            for name in changed:
+                print(f"{out / name}: out of date (run python -m torchrl_fixes export-patches)")
+            return 1 if changed else 0
+        for name in changed:
+            print(f"wrote {out / name}")
+        if not changed:
+            print(f"{out}: every patch is up to date")
+        return 0
 
     import torchrl_fixes
 

@@ -1,6 +1,6 @@
 """Trajectory boundaries of a ring-buffer storage, kept up to date write by write.
 
-Pure torch: nothing here imports TorchRL. The fix ``slice_boundary_index`` wires
+Pure torch: nothing here imports TorchRL. ``storage_boundaries`` wires
 :class:`TrajectoryBoundaries` into TorchRL's storages and slice samplers.
 
 A storage holds ``capacity`` rows along its first dimension, of which the first

@@ -1,0 +1,140 @@
+"""What the suite compares: stock TorchRL, and TorchRL with the fixes.
+
+The same tests run in two set-ups:
+
+- runtime (the default): ``torchrl`` is a stock install and ``torchrl_fixes`` patches it
+  in this process. Stock runs inside :func:`torchrl_fixes.disabled`.
+- upstream (``nox -s upstream``): ``torchrl`` is a copy of the installed source with
+  ``patches/`` applied, and the runtime fixes are off (``TORCHRL_FIXES=0``). Stock is
+  compiled from the untouched install named by ``TORCHRL_FIXES_STOCK_SOURCE``
+  (:mod:`conformance.stock_source`) and runs inside :func:`stock`.
+
+Tests ask this module for stock, for whether a fix is in effect, and for the few
+objects that live in different places in the two set-ups (the boundary index
+module, the pinning function, the warning category, the logger).
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import torchrl_fixes
+from torchrl_fixes import patching
+
+STOCK_SOURCE_ENV = "TORCHRL_FIXES_STOCK_SOURCE"
+UPSTREAM = bool(os.environ.get(STOCK_SOURCE_ENV))
+
+# Where each patch puts its code in TorchRL's source: the fix is in effect there.
+_UPSTREAM_CODE = {
+    "pinned_sample_output": ("torchrl.data.replay_buffers.utils", "_pin_tensor"),
+    "slice_boundary_index": ("torchrl.data.replay_buffers.storage_boundaries", "_record_write"),
+    "single_gather": ("torchrl.data.replay_buffers.samplers.slice", "_read_entries"),
+}
+
+FIX_NAMES = tuple(_UPSTREAM_CODE)
+
+runtime_only = pytest.mark.skipif(
+    UPSTREAM,
+    reason="checks how the runtime fixes are applied; the patched source has none to apply",
+)
+
+
+_reference = None
+
+
+def _stock_reference():
+    global _reference
+    if _reference is None:
+        from conformance import stock_source
+
+        applied = [row.name for row in torchrl_fixes.status() if row.applied]
+        if applied:
+            raise RuntimeError(
+                f"{STOCK_SOURCE_ENV} is set but fixes are applied at runtime "
+                f"({', '.join(applied)}): run with TORCHRL_FIXES=0"
+            )
+        _reference = stock_source.build(Path(os.environ[STOCK_SOURCE_ENV]))
+    return _reference
+
+
+def stock():
+    """A context manager that runs its block on stock TorchRL.
+
+    Objects built inside (buffers, samplers, storages) keep running stock code
+    afterwards.
+    """
+    if UPSTREAM:
+        return _stock_reference().stock()
+    return torchrl_fixes.disabled()
+
+
+def _upstream_code(name: str) -> Any:
+    module_name, attr = _UPSTREAM_CODE[name]
+    try:
+        if importlib.util.find_spec(module_name) is None:
+            return None
+    except ModuleNotFoundError:
+        return None
+    return getattr(importlib.import_module(module_name), attr, None)
+
+
+def why_not_in_effect(name: str) -> str | None:
+    """Why fix ``name`` does not act in this process; None when it does.
+
+    Runtime: the fix is not applied (its status says why). Upstream: the patched
+    source does not hold the fix's code.
+    """
+    if UPSTREAM:
+        _stock_reference()
+        if _upstream_code(name) is None:
+            module_name, attr = _UPSTREAM_CODE[name]
+            return f"the TorchRL source has no {module_name}.{attr}: its patch is not applied"
+        return None
+    row = torchrl_fixes.status()[name]
+    return None if row.applied else f"{row.state}: {row.reason}"
+
+
+def in_effect(name: str) -> bool:
+    return why_not_in_effect(name) is None
+
+
+def stock_attribute(owner: Any, name: str) -> Any:
+    """``owner.name`` as stock TorchRL defines it."""
+    if UPSTREAM:
+        found = _stock_reference().stock_objects.get((owner, name))
+        if found is not None:
+            return found
+        return patching.class_attribute(owner, name)
+    return torchrl_fixes.get_original(owner, name)
+
+
+def boundary_index_module():
+    """The module of the slice boundary index (``_AGREEMENT_BATCH``, ``boundary_source``)."""
+    if UPSTREAM:
+        return importlib.import_module("torchrl.data.replay_buffers.storage_boundaries")
+    return importlib.import_module("torchrl_fixes.storage_boundaries")
+
+
+def pin_memory_function():
+    """The function that pins a sample's tensors."""
+    if UPSTREAM:
+        return importlib.import_module("torchrl.data.replay_buffers.utils")._pin_memory
+    return importlib.import_module("torchrl_fixes.fixes.pinned_sample_output")._pin_memory
+
+
+def pin_memory_warning() -> type[Warning]:
+    """The category of the warning given when no accelerator can pin memory."""
+    if UPSTREAM:
+        return UserWarning
+    from torchrl_fixes.warning_categories import PinMemoryUnavailableWarning
+
+    return PinMemoryUnavailableWarning
+
+
+# The logger the boundary index reports to.
+INDEX_LOGGER = "torchrl" if UPSTREAM else "torchrl_fixes"

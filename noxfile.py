@@ -113,7 +113,7 @@ def upstream(session: nox.Session) -> None:
     """
     _install(session, NEWEST)
     session.run("python", "-m", "torchrl_fixes", "export-patches", "--check")
-    work = session.create_tmp()
+    work = os.path.abspath(session.create_tmp())
     source = os.path.join(work, "torchrl-patched")
     session.run("python", "-c", f"import shutil; shutil.rmtree({source!r}, ignore_errors=True)")
     stock = session.run(

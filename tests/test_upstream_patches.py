@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import os
 import shutil
 import subprocess
 import textwrap
@@ -55,7 +56,7 @@ def patched_torchrl(tmp_path):
                 (tree / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy(site / rel, tree / rel)
     for patch in sorted(PATCHES.glob("*.patch")):
-        subprocess.run(["git", "apply", "-p1", str(patch)], cwd=tree, check=True, capture_output=True)
+        upstream_patches._git_apply(tree, patch)
     return tree
 
 
@@ -172,9 +173,13 @@ def test_each_patch_needs_only_what_it_declares(name, tmp_path):
     shutil.copytree(site / "torchrl", tree / "torchrl", ignore=shutil.ignore_patterns("__pycache__"))
     for number in needed:
         (patch,) = PATCHES.glob(f"{number}-*.patch")
-        subprocess.run(["git", "apply", "-p1", str(patch)], cwd=tree, check=True, capture_output=True)
+        upstream_patches._git_apply(tree, patch)
     result = subprocess.run(
-        ["git", "apply", "--check", "-p1", str(PATCHES / name)], cwd=tree, capture_output=True, text=True
+        ["git", "apply", "--check", "-p1", str(PATCHES / name)],
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "GIT_CEILING_DIRECTORIES": str(tree.parent)},
     )
     assert result.returncode == 0, result.stderr
 
@@ -230,3 +235,13 @@ def test_patched_copy_applies_every_patch(tmp_path):
     assert not (stock / "data/replay_buffers/storage_boundaries.py").exists()
     with pytest.raises(upstream_patches.ExportError, match="already exists"):
         upstream_patches.patched_copy(tmp_path)
+
+
+def test_patched_copy_inside_a_git_work_tree(tmp_path):
+    """A copy made inside a repository (nox's .nox/ folder) still gets every patch."""
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    dest = tmp_path / ".nox" / "upstream" / "tmp"
+    dest.mkdir(parents=True)
+    upstream_patches.patched_copy(dest)
+    assert (dest / "torchrl/data/replay_buffers/storage_boundaries.py").is_file()
+    assert "_read_entries" in (dest / "torchrl/data/replay_buffers/samplers/slice.py").read_text()

@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import os
 import shutil
 import subprocess
 import tempfile
@@ -382,7 +383,20 @@ def _git_diff(before: dict[str, str], after: dict[str, str]) -> str:
 
 
 def _git_apply(root: Path, patch: Path) -> None:
-    subprocess.run(["git", "apply", "-p1", str(patch)], cwd=root, check=True, capture_output=True)
+    """``git apply -p1 patch`` in ``root``, as a folder of files and never as part of a repository.
+
+    Inside a git work tree, ``git apply`` takes paths from the top of the tree and
+    skips those outside the current folder without a word: the search for a
+    repository must stop at ``root``.
+    """
+    root = Path(root).resolve()
+    env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(root.parent)}
+    result = subprocess.run(
+        ["git", "apply", "-p1", str(Path(patch).resolve())],
+        cwd=root, capture_output=True, text=True, env=env,
+    )
+    if result.returncode:
+        raise ExportError(f"{Path(patch).name} does not apply: {result.stderr.strip()}")
 
 
 def render(site: Path | None = None) -> dict[str, str]:
@@ -460,12 +474,16 @@ def patched_copy(dest: Path, patches_dir: Path = PATCHES_DIR) -> Path:
         raise ExportError(f"{target} already exists")
     shutil.copytree(site / "torchrl", target, ignore=shutil.ignore_patterns("__pycache__"))
     for patch in sorted(Path(patches_dir).glob("[0-9][0-9][0-9][0-9]-*.patch")):
-        result = subprocess.run(
-            ["git", "apply", "-p1", str(patch)], cwd=dest, capture_output=True, text=True
-        )
-        if result.returncode:
-            raise ExportError(f"{patch.name} does not apply: {result.stderr.strip()}")
+        _git_apply(Path(dest), patch)
+        for path in _paths_written(patch.read_text()):
+            written, stock = Path(dest) / path, site / path
+            if not written.is_file() or (stock.is_file() and written.read_bytes() == stock.read_bytes()):
+                raise ExportError(f"{patch.name} left {path} as it was")
     return site / "torchrl"
+
+
+def _paths_written(diff: str) -> list[str]:
+    return [line[len("+++ b/") :] for line in diff.splitlines() if line.startswith("+++ b/")]
 
 
 def export(out: Path = PATCHES_DIR, *, check: bool = False) -> list[str]:

@@ -281,6 +281,7 @@ def _function_dispatcher(runs_stock, stock, patched):
 """
 
 
+@functools.cache
 def _dispatcher_factories(module: types.ModuleType) -> dict[str, Any]:
     scope: dict[str, Any] = {}
     exec(compile(_DISPATCHERS, module.__file__, "exec"), {"__name__": module.__name__}, scope)

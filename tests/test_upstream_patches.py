@@ -44,19 +44,10 @@ def _function_source(path: Path, name: str, cls: str | None = None) -> str:
 
 @pytest.fixture
 def patched_torchrl(tmp_path):
-    """A copy of the installed TorchRL's replay-buffer files with every patch applied."""
-    import torchrl
-
-    site = Path(torchrl.__file__).parent.parent
+    """A copy of the installed TorchRL with every patch applied."""
     tree = tmp_path / "src"
-    for patch in sorted(PATCHES.glob("*.patch")):
-        for line in patch.read_text().splitlines():
-            if line.startswith("--- a/"):
-                rel = line[len("--- a/") :]
-                (tree / rel).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy(site / rel, tree / rel)
-    for patch in sorted(PATCHES.glob("*.patch")):
-        upstream_patches._git_apply(tree, patch)
+    tree.mkdir()
+    upstream_patches.patched_copy(tree)
     return tree
 
 

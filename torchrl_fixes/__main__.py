@@ -65,32 +65,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
-    if args.command == "patched-copy":
+    if args.command in ("patched-copy", "export-patches"):
         from pathlib import Path
 
         from torchrl_fixes import upstream_patches
 
-        if not args.dest:
+        if args.command == "patched-copy" and not args.dest:
             parser.error("patched-copy needs DEST, the folder to copy TorchRL into")
-        patches = Path(args.patches) if args.patches else upstream_patches.PATCHES_DIR
-        try:
-            stock = upstream_patches.patched_copy(Path(args.dest), patches)
-        except upstream_patches.ExportError as err:
-            print(f"python -m torchrl_fixes patched-copy: {err}", file=sys.stderr)
-            return 2
-        print(stock)
-        return 0
-
-    if args.command == "export-patches":
-        from pathlib import Path
-
-        from torchrl_fixes import upstream_patches
-
         out = Path(args.patches) if args.patches else upstream_patches.PATCHES_DIR
         try:
+            if args.command == "patched-copy":
+                print(upstream_patches.patched_copy(Path(args.dest), out))
+                return 0
             changed = upstream_patches.export(out, check=args.check)
         except upstream_patches.ExportError as err:
-            print(f"python -m torchrl_fixes export-patches: {err}", file=sys.stderr)
+            print(f"python -m torchrl_fixes {args.command}: {err}", file=sys.stderr)
             return 2
         if args.check:
             for name in changed:

@@ -407,14 +407,13 @@ def render(site: Path | None = None) -> dict[str, str]:
     with tempfile.TemporaryDirectory() as tmp:
         tree = Path(tmp)
         hand = [PATCHES_DIR / name for name in HAND_WRITTEN]
-        for patch in hand:
-            for path in _paths_in(patch.read_text()):
-                (tree / path).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy(site / path, tree / path)
+        paths = [path for patch in hand for path in _paths_written(patch.read_text())]
+        for path in paths:
+            (tree / path).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(site / path, tree / path)
         for patch in hand:
             _git_apply(tree, patch)
-        for path in (p for patch in hand for p in _paths_in(patch.read_text())):
-            files[path] = (tree / path).read_text()
+        files.update({path: (tree / path).read_text() for path in paths})
 
     def current(path: str) -> str | None:
         if path in files:
@@ -443,10 +442,6 @@ def render(site: Path | None = None) -> dict[str, str]:
         files.update(after)
         rendered[patch.filename] = _header(patch) + "\n" + _git_diff(before, after)
     return rendered
-
-
-def _paths_in(diff: str) -> list[str]:
-    return [line[len("--- a/") :] for line in diff.splitlines() if line.startswith("--- a/")]
 
 
 def _header(patch: UpstreamPatch) -> str:
@@ -483,6 +478,7 @@ def patched_copy(dest: Path, patches_dir: Path = PATCHES_DIR) -> Path:
 
 
 def _paths_written(diff: str) -> list[str]:
+    """The repository paths a diff leaves written (changed or created)."""
     return [line[len("+++ b/") :] for line in diff.splitlines() if line.startswith("+++ b/")]
 
 

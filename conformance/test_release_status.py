@@ -17,9 +17,11 @@ from torchrl_fixes.fixes import ALL_FIXES
 from torchrl_fixes.registry import Registry
 from torchrl_fixes.versions import installed_version
 
-# Release -> the fixes that must be applied there. A release missing here is not
+# Release -> the fixes that must be applied there; "nightly" stands for the pinned
+# torchrl-nightly build (noxfile.py names it). A release missing here is not
 # supported: every fix must be skipped on it, each with its reason.
 EXPECTED_APPLIED = {
+    "nightly": {"pinned_sample_output", "slice_boundary_index", "single_gather"},
     "0.11.1": {"pinned_sample_output", "slice_boundary_index", "single_gather"},
     "0.12.0": {"pinned_sample_output", "slice_boundary_index", "single_gather"},
     "0.13.3": {"pinned_sample_output", "slice_boundary_index", "single_gather"},
@@ -30,20 +32,28 @@ EXPECTED_APPLIED = {
 @reference.runtime_only
 def test_installed_release_applies_the_expected_fixes():
     """On the installed release, exactly the expected fixes are applied; the rest say why not."""
-    version = str(installed_version("torchrl"))
+    version = installed_version("torchrl")
     report = torchrl_fixes.status()
-    expected = EXPECTED_APPLIED.get(version, set())
+    expected = EXPECTED_APPLIED.get(_release_key(version), set())
     assert {row.name for row in report if row.applied} == expected
     for row in report:
         if not row.applied:
-            assert row.state == "skipped"
-            assert version in row.reason and row.torchrl_versions in row.reason
+            assert row.state == "skipped" and row.reason, row
+
+
+def _release_key(version: Version) -> str:
+    # torchrl-nightly numbers its builds by date (2026.10.27)
+    return "nightly" if version.major >= 2000 else str(version)
 
 
 def test_declared_ranges_match_the_release_table():
     """Each fix's declared range admits exactly the releases the table applies it on."""
     for fix in ALL_FIXES:
-        admitted = {v for v in EXPECTED_APPLIED if fix.torchrl_versions.contains(Version(v))}
+        admitted = {
+            v
+            for v in EXPECTED_APPLIED
+            if v == "nightly" or fix.torchrl_versions.contains(Version(v))
+        }
         listed = {v for v, names in EXPECTED_APPLIED.items() if fix.name in names}
         assert admitted == listed, fix.name
 
@@ -64,20 +74,38 @@ def test_runtime_fixes_skip_a_source_that_holds_them():
     assert sum(issubclass(w.category, torchrl_fixes.FixSkippedWarning) for w in caught) == len(ALL_FIXES)
 
 
-@pytest.mark.parametrize("release", ["0.10.1", "0.15.0", "1.0.0"])
-def test_release_outside_every_range_is_skipped_with_its_reason(monkeypatch, release):
-    """A release no fix supports: all skipped, each with a FixSkippedWarning naming the version."""
+def test_release_below_every_range_is_skipped_with_its_reason(monkeypatch):
+    """A release older than any fix was written for: all skipped, each with one
+    FixSkippedWarning naming the version."""
     # The fake release must be gone before disabled() re-applies the real fixes.
     with torchrl_fixes.disabled(), monkeypatch.context() as patch:
-        patch.setattr(registry_module, "installed_version", lambda name: Version(release))
+        patch.setattr(registry_module, "installed_version", lambda name: Version("0.10.1"))
         registry = Registry(ALL_FIXES)
         with pytest.warns(torchrl_fixes.FixSkippedWarning) as caught:
             assert registry.activate() == []
         rows = list(registry.status())
     for row in rows:
         assert row.state == "skipped"
-        assert f"TorchRL {release} is outside the supported range" in row.reason
+        assert "TorchRL 0.10.1 is outside the supported range" in row.reason
     assert len(caught) == len(ALL_FIXES)
+
+
+@pytest.mark.parametrize("release", ["0.15.0", "1.0.0", "2026.12.1"])
+def test_newer_release_with_the_same_code_applies(monkeypatch, release):
+    """No upper version cap: a later release (or a date-versioned nightly) whose targets are
+    code the fixes know gets the same fixes as this one; the fingerprints decide."""
+    expected = [row.name for row in torchrl_fixes.status() if row.applied]
+    torchrl_fixes.deactivate()
+    try:
+        with monkeypatch.context() as patch:
+            patch.setattr(registry_module, "installed_version", lambda name: Version(release))
+            registry = Registry(ALL_FIXES)
+            try:
+                assert registry.activate() == expected
+            finally:
+                registry.deactivate()
+    finally:
+        torchrl_fixes.activate(*expected)
 
 
 @reference.runtime_only

@@ -70,13 +70,23 @@ def test_named_fix_only(runs, name):
     }
 
 
-def test_unknown_name_fails_the_import(runs):
-    """An unknown name makes the import fail with a ValueError naming it and the known fixes."""
+def test_unknown_name_warns_naming_the_variable_and_applies_nothing(runs):
+    """An unknown name: the import succeeds, one warning names the variable, the unknown
+    name and every known fix, nothing is applied, and status() shows the same problem."""
     run = runs["unknown"]
-    assert run.returncode != 0
-    assert run.stdout == ""
-    last_line = run.stderr.strip().splitlines()[-1]
-    assert last_line.startswith("ValueError:")
-    assert "no_such_fix" in last_line
-    for name in KNOWN:
-        assert name in last_line
+    report = _report(run)
+    assert {row["state"] for row in report["rows"]} == {"inactive"}
+    warnings = [line for line in run.stderr.splitlines() if "TorchRLFixesWarning" in line]
+    assert len(warnings) == 1, run.stderr
+    assert "Traceback" not in run.stderr
+    for needle in ("TORCHRL_FIXES", "no_such_fix", *KNOWN):
+        assert needle in warnings[0]
+
+
+def test_status_command_shows_an_unknown_name(spawn_python, finish_process):
+    """python -m torchrl_fixes with a bad TORCHRL_FIXES prints the table and the problem."""
+    run = finish_process(spawn_python("-m", "torchrl_fixes", torchrl_fixes_env="no_such_fix"))
+    assert run.returncode == 0, run.stderr
+    assert "Traceback" not in run.stderr
+    note = [line for line in run.stdout.splitlines() if line.startswith("note: TORCHRL_FIXES=")]
+    assert len(note) == 1 and "no_such_fix" in note[0]

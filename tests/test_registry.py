@@ -239,6 +239,41 @@ def test_target_changed_is_skipped(fake_versions, target, registries):
     assert "helper is not the code this fix replaces" in row.reason
 
 
+def test_unexpected_error_while_planning_is_a_skip(fake_versions, target, registries):
+    """Any exception a plan raises (not only TargetChanged) is a skip with its reason."""
+
+    def plan():
+        raise AttributeError("'code' object has no attribute 'co_qualname'")
+
+    registry = registries(make_fix("broken", plan), widget_fix(target))
+
+    with pytest.warns(FixSkippedWarning, match="broken"):
+        assert registry.activate() == ["widget_fix"]
+    row = registry.status()["broken"]
+    assert row.state == "skipped"
+    assert row.reason == (
+        "could not be planned: AttributeError: 'code' object has no attribute 'co_qualname'"
+    )
+
+
+def test_a_skip_is_reported_once(fake_versions, target, registries, caplog):
+    """Asking again for a fix that cannot apply does not repeat its warning; nothing is logged
+    beside the warning."""
+
+    def plan():
+        raise TargetChanged("helper changed")
+
+    registry = registries(make_fix("changed", plan))
+    with caplog.at_level("DEBUG", logger="torchrl_fixes"):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            registry.activate()
+            registry.activate("changed")
+            registry.activate()
+    assert [str(w.message) for w in caught] == ["torchrl_fixes: changed skipped: target changed: helper changed"]
+    assert not [r for r in caplog.records if "skipped" in r.getMessage()]
+
+
 def test_fix_that_cannot_be_fully_set_leaves_nothing_installed(fake_versions, target, registries):
     """When the second replacement cannot be set: the first is rolled back, the fix is skipped and says why."""
     locked_blocked = vars(target.Locked)["blocked"]

@@ -16,6 +16,7 @@ Examples:
 from __future__ import annotations
 
 import os
+import warnings
 
 from torchrl_fixes.fixes import ALL_FIXES
 from torchrl_fixes.patching import get_original, is_object_patched
@@ -42,7 +43,11 @@ def fix_names() -> tuple[str, ...]:
 
 
 def _names_from_environment(value: str | None) -> tuple[str, ...] | None:
-    """The fixes ``TORCHRL_FIXES`` asks for: None for none, () for all."""
+    """The fixes ``TORCHRL_FIXES`` asks for: None for none, () for all.
+
+    Unknown names are left out with a warning that names the variable and the known
+    fixes (the import never fails over it), and :func:`status` shows the problem.
+    """
     if value is None:
         return ()
     value = value.strip()
@@ -50,7 +55,18 @@ def _names_from_environment(value: str | None) -> tuple[str, ...] | None:
         return None
     if value.lower() in ("", "1", "on", "true", "yes", "all"):
         return ()
-    return tuple(name.strip() for name in value.split(",") if name.strip())
+    names = tuple(name.strip() for name in value.split(",") if name.strip())
+    unknown = [name for name in names if name not in _registry.names]
+    if not unknown:
+        return names
+    problem = (
+        f"TORCHRL_FIXES={value!r} names unknown fix(es) {', '.join(map(repr, unknown))}; "
+        f"known fixes: {', '.join(_registry.names)} (or 0 / off for none)"
+    )
+    _registry.notes.append(problem)
+    warnings.warn(f"torchrl_fixes: {problem}", TorchRLFixesWarning, stacklevel=3)
+    known = tuple(name for name in names if name not in unknown)
+    return known or None
 
 
 _requested = _names_from_environment(os.environ.get("TORCHRL_FIXES"))

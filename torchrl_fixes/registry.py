@@ -99,10 +99,17 @@ class FixStatus:
 class StatusReport(list):
     """The status of every fix, printable as a table."""
 
-    def __init__(self, rows: Sequence[FixStatus], torchrl: str, tensordict: str):
+    def __init__(
+        self,
+        rows: Sequence[FixStatus],
+        torchrl: str,
+        tensordict: str,
+        notes: Sequence[str] = (),
+    ):
         super().__init__(rows)
         self.torchrl = torchrl
         self.tensordict = tensordict
+        self.notes = list(notes)
 
     def __getitem__(self, item):
         if isinstance(item, str):
@@ -122,6 +129,7 @@ class StatusReport(list):
         notes = [f"  {r.name}: {r.fallbacks}" for r in self if r.applied and r.fallbacks]
         if notes:
             lines += ["stock code still runs for:", *notes]
+        lines += [f"note: {note}" for note in self.notes]
         return "\n".join(lines)
 
 
@@ -168,6 +176,11 @@ class Registry:
         self._installed: dict[str, list] = {}
         self._skipped: dict[str, str] = {}
         self._inactive: dict[str, str] = {name: "not requested" for name in self._fixes}
+        # (fix, reason) pairs already reported: a skip is said once per process, not
+        # at every activate().
+        self._reported: set[tuple[str, str]] = set()
+        # Problems with how the fixes were asked for (the environment variable), shown by status().
+        self.notes: list[str] = []
         self._lock = threading.RLock()
 
     @property
@@ -222,6 +235,8 @@ class Registry:
                         reason = f"target changed: {err}"
                     except ImportError as err:
                         reason = f"target missing: {err}"
+                    except Exception as err:  # a fix must never fail the import
+                        reason = f"could not be planned: {type(err).__name__}: {err}"
                 if reason is None:
                     try:
                         self._installed[fix.name] = patching.install(replacements)
@@ -230,10 +245,11 @@ class Registry:
                 if reason is not None:
                     self._skipped[fix.name] = reason
                     self._inactive.pop(fix.name, None)
-                    logger.warning("fix %s skipped: %s", fix.name, reason)
-                    warn_at_caller(
-                        f"torchrl_fixes: {fix.name} skipped: {reason}", FixSkippedWarning
-                    )
+                    if (fix.name, reason) not in self._reported:
+                        self._reported.add((fix.name, reason))
+                        warn_at_caller(
+                            f"torchrl_fixes: {fix.name} skipped: {reason}", FixSkippedWarning
+                        )
                     continue
                 self._skipped.pop(fix.name, None)
                 self._inactive.pop(fix.name, None)
@@ -308,4 +324,5 @@ class Registry:
             rows,
             torchrl=str(installed_version("torchrl") or "unknown"),
             tensordict=str(installed_version("tensordict") or "unknown"),
+            notes=self.notes,
         )

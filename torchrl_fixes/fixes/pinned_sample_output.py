@@ -244,7 +244,7 @@ class PinnedSampleOutput(Fix):
         "device=None, info entries); warns instead of raising with no accelerator"
     )
     upstream_issue = "https://github.com/pytorch/rl/issues/2404"
-    torchrl_versions = SpecifierSet(">=0.11,<0.15")
+    torchrl_versions = SpecifierSet(">=0.11")
     targets = (
         "torchrl.data.replay_buffers.utils.pin_memory_output",
         "torchrl.data.replay_buffers.TensorDictReplayBuffer.sample",

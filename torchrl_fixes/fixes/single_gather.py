@@ -595,7 +595,7 @@ class SingleGather(Fix):
         "the buffer's gather is the only full read"
     )
     upstream_issue = "https://github.com/pytorch/rl/issues/2422"
-    torchrl_versions = SpecifierSet(">=0.11,<0.15")
+    torchrl_versions = SpecifierSet(">=0.11")
     targets = (
         "torchrl.data.replay_buffers.samplers.SliceSampler._finalize_index (TorchRL 0.14)",
         "torchrl.data.replay_buffers.samplers.SliceSampler._get_index (TorchRL 0.11 to 0.13)",

@@ -194,7 +194,7 @@ class SliceBoundaryIndex(Fix):
         "cached by default, never stale, O(k) writes and O(batch + trajectories) samples"
     )
     upstream_issue = "https://github.com/pytorch/rl/issues/2669"
-    torchrl_versions = SpecifierSet(">=0.11,<0.15")
+    torchrl_versions = SpecifierSet(">=0.11")
     targets = (
         "torchrl.data.replay_buffers.samplers.SliceSampler._get_stop_and_length / __init__",
         "torchrl.data.replay_buffers.storages.TensorStorage.__init__ / set / _empty / load_state_dict",

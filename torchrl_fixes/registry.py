@@ -12,14 +12,16 @@ import functools
 import inspect
 import logging
 import threading
+import types
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Iterator, Sequence
+from typing import Any, Callable, ClassVar, Collection, Iterator, Sequence
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from torchrl_fixes import patching
 from torchrl_fixes.patching import Replacement
+from torchrl_fixes.source_fingerprint import source_fingerprint
 from torchrl_fixes.versions import installed_version
 from torchrl_fixes.warning_categories import FixSkippedWarning, warn_at_caller
 
@@ -31,6 +33,44 @@ STOCK_MARK = "_torchrl_fixes_stock"
 
 class TargetChanged(Exception):
     """A fix's target is missing or no longer looks like the code the fix replaces."""
+
+
+def stock_function(owner: Any, name: str, fingerprints: Collection[str]) -> types.FunctionType:
+    """``owner.name`` as stored, checked to be stock code a fix knows.
+
+    The one gate every fix puts on the code it replaces or reproduces: the function
+    must be defined on ``owner`` itself and its :func:`source_fingerprint` must be one
+    of ``fingerprints`` (one per release where the code differs).
+
+    Args:
+        owner (module or type): where the function is stored.
+        name (str): the attribute name.
+        fingerprints (collection of str): the fingerprints of the stock code the fix knows.
+
+    Raises:
+        TargetChanged: the function is missing, or is not one of the known codes.
+
+    Examples:
+        >>> import types
+        >>> def helper():
+        ...     return 1
+        >>> module = types.SimpleNamespace(__name__="m", helper=helper)
+        >>> stock_function(module, "helper", {source_fingerprint(helper)}) is helper
+        True
+        >>> stock_function(module, "helper", set())
+        Traceback (most recent call last):
+        ...
+        torchrl_fixes.registry.TargetChanged: helper is not the code this fix replaces (changed or fixed upstream)
+    """
+    if isinstance(owner, type):
+        func, path = vars(owner).get(name), f"{owner.__qualname__}.{name}"
+    else:
+        func, path = getattr(owner, name, None), name
+    if not isinstance(func, types.FunctionType):
+        raise TargetChanged(f"{path} is missing")
+    if source_fingerprint(func) not in fingerprints:
+        raise TargetChanged(f"{path} is not the code this fix replaces (changed or fixed upstream)")
+    return func
 
 
 class Fix:

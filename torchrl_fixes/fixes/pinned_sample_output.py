@@ -30,8 +30,7 @@ from tensordict import TensorDictBase, is_tensor_collection, is_tensorclass
 from tensordict.utils import expand_as_right
 
 from torchrl_fixes.patching import Replacement
-from torchrl_fixes.registry import Fix, TargetChanged
-from torchrl_fixes.source_fingerprint import source_fingerprint
+from torchrl_fixes.registry import Fix, TargetChanged, stock_function
 from torchrl_fixes.warning_categories import PinMemoryUnavailableWarning, warn_at_caller
 
 try:
@@ -265,18 +264,12 @@ class PinnedSampleOutput(Fix):
             raise TargetChanged(f"cannot import TorchRL's replay buffer utilities ({_IMPORT_ERROR})")
         from torchrl.data.replay_buffers import ReplayBuffer, TensorDictReplayBuffer
 
-        stock = {
-            "pin_memory_output": getattr(_rb_utils, "pin_memory_output", None),
-            "_pin_memory": getattr(_rb_utils, "_pin_memory", None),
-            "TensorDictReplayBuffer.sample": vars(TensorDictReplayBuffer).get("sample"),
-        }
-        for path, func in stock.items():
-            if not isinstance(func, types.FunctionType):
-                raise TargetChanged(f"{path} is missing")
-            if source_fingerprint(func) not in self.stock_fingerprints[path]:
-                raise TargetChanged(
-                    f"{path} is not the code this fix replaces (changed or fixed upstream)"
-                )
+        for owner, path in (
+            (_rb_utils, "pin_memory_output"),
+            (_rb_utils, "_pin_memory"),
+            (TensorDictReplayBuffer, "TensorDictReplayBuffer.sample"),
+        ):
+            stock_function(owner, path.rpartition(".")[2], self.stock_fingerprints[path])
         stock_code = _rb_utils.pin_memory_output(lambda self: None).__code__
 
         replacements = [

@@ -63,8 +63,7 @@ from typing import Callable
 from packaging.specifiers import SpecifierSet
 
 from torchrl_fixes.patching import Replacement
-from torchrl_fixes.registry import Fix, TargetChanged
-from torchrl_fixes.source_fingerprint import source_fingerprint
+from torchrl_fixes.registry import Fix, TargetChanged, stock_function
 from torchrl_fixes.storage_boundaries import (
     _attach_boundary_state,
     _boundary_index_boundaries,
@@ -217,13 +216,7 @@ class SliceBoundaryIndex(Fix):
             raise TargetChanged(f"cannot import TorchRL's samplers and storages ({_IMPORT_ERROR})")
         from torchrl.data import ReplayBuffer
 
-        stock = vars(SliceSampler).get("_get_stop_and_length")
-        if not isinstance(stock, types.FunctionType):
-            raise TargetChanged("SliceSampler._get_stop_and_length is missing")
-        if source_fingerprint(stock) not in _KNOWN_GET_STOP_AND_LENGTH:
-            raise TargetChanged(
-                "SliceSampler._get_stop_and_length is not the code this fix reproduces"
-            )
+        stock = stock_function(SliceSampler, "_get_stop_and_length", _KNOWN_GET_STOP_AND_LENGTH)
         signature = inspect.signature(stock)
         if list(signature.parameters) != ["self", "storage", "fallback"]:
             raise TargetChanged("SliceSampler._get_stop_and_length has another signature")

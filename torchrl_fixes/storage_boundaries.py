@@ -48,6 +48,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 from tensordict import TensorDictBase, unravel_key
+from torch.compiler import is_compiling
 
 from torchrl_fixes.trajectory_boundaries import EndFlagDisagreements, TrajectoryBoundaries
 
@@ -163,7 +164,7 @@ def _boundary_state(storage) -> _StorageBoundaryState:
 
 def _mutation_revision(storage) -> int | None:
     # TorchRL 0.14 counts every storage mutation (shared between processes).
-    if not hasattr(type(storage), "_mutation_revision"):
+    if is_compiling() or not hasattr(type(storage), "_mutation_revision"):
         return None
     return int(storage._mutation_revision)
 
@@ -204,6 +205,11 @@ def _record_write(storage, cursor, revision_before: int | None) -> None:
     ``revision_before`` is the storage's mutation revision before the write
     (:func:`_mutation_revision`), ``None`` where it keeps none.
     """
+    if is_compiling():
+        # Nothing Python-side may be traced (a lock, numpy counters): a compiled
+        # write goes unrecorded, and the storage's mutation revision, which the
+        # compiled code bumps, makes the next sample rebuild the index.
+        return
     state = storage.__dict__.get(_STATE_ATTR)
     if state is None:
         return
@@ -226,6 +232,8 @@ def _record_write(storage, cursor, revision_before: int | None) -> None:
 
 def _record_reset(storage) -> None:
     """Makes the index of ``storage`` rebuild: its rows changed wholesale."""
+    if is_compiling():
+        return
     state = getattr(storage, "__dict__", {}).get(_STATE_ATTR)
     if state is None:
         return
@@ -468,6 +476,9 @@ def _fallback_reason(sampler, storage) -> str | None:
         return "compile=True"
     if getattr(sampler, "use_gpu", False):
         return "use_gpu"
+    if getattr(storage, "_compilable", False) and not hasattr(type(storage), "_mutation_revision"):
+        # compiled writes are not recorded, and nothing else would tell
+        return "compilable=True storage on a TorchRL that counts no mutations (before 0.14)"
     cache = getattr(sampler, "_cache", {})
     if "static-stop-and-length" in cache or "stop-and-length" in cache:
         return "static ends or trajectories"

@@ -4,8 +4,9 @@ Every environment installs the CPU build of torch 2.13.0 explicitly first: a bar
 ``torch`` requirement would pull a multi-gigabyte CUDA build.
 
     nox -s tests                     # unit tests + conformance on TorchRL 0.14.1
-    nox -s conformance               # conformance on every supported release
+    nox -s conformance               # conformance on every supported release and the nightly
     nox -s "conformance(torchrl='0.12.0')"
+    nox -s "conformance(torchrl='nightly')"   # the pinned torchrl-nightly build (NIGHTLY)
     nox -s conformance_extension     # prioritized buffers, where TorchRL's C++ extension loads
     nox -s lint
     nox -s benchmark                 # the main job: stock vs patched timings, table and plot
@@ -32,11 +33,22 @@ RELEASES = {
     "0.14.1": "0.14.3",
 }
 NEWEST = "0.14.1"
+# The next release as it stands: one dated build of upstream main and the tensordict
+# build it was made with. Moving to a newer build is this one line.
+NIGHTLY = ("torchrl-nightly==2026.10.27", "tensordict-nightly==2026.10.26")
+# Every TorchRL the suite runs on: the releases, then "nightly".
+MATRIX = [*RELEASES, "nightly"]
+
+
+def _torchrl_requirements(torchrl: str) -> list[str]:
+    if torchrl == "nightly":
+        return list(NIGHTLY)
+    return [f"torchrl=={torchrl}", f"tensordict=={RELEASES[torchrl]}"]
 
 
 def _install(session: nox.Session, torchrl: str, torch: str = TORCH) -> None:
     session.install(torch)
-    session.install("-e", ".[test]", f"torchrl=={torchrl}", f"tensordict=={RELEASES[torchrl]}")
+    session.install("-e", ".[test]", *_torchrl_requirements(torchrl))
 
 
 @nox.session
@@ -50,7 +62,7 @@ def tests(session: nox.Session) -> None:
 
 
 @nox.session
-@nox.parametrize("torchrl", list(RELEASES))
+@nox.parametrize("torchrl", MATRIX)
 def conformance(session: nox.Session, torchrl: str) -> None:
     """Stock vs patched on one TorchRL release, and which fixes apply there."""
     _install(session, torchrl)
@@ -97,7 +109,7 @@ def benchmark(session: nox.Session) -> None:
     ``--out DIR``, ``--threads N``.
     """
     session.install(TORCH)
-    session.install("-e", ".[bench]", f"torchrl=={NEWEST}", f"tensordict=={RELEASES[NEWEST]}")
+    session.install("-e", ".[bench]", *_torchrl_requirements(NEWEST))
     session.run("python", "-m", "torchrl_fixes", "bench", *session.posargs)
 
 

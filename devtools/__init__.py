@@ -1,0 +1,1 @@
+"""Developer tools for torchrl-fixes; not part of the installed package."""

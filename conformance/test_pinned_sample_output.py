@@ -336,15 +336,10 @@ def test_sample_takes_the_stock_arguments():
     assert parameters(TensorDictReplayBuffer.sample) == parameters(_stock_sample())
 
 
-def _empty_td_buffer(pin_memory, writer=None):
+def _empty_td_buffer(pin_memory):
     from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 
-    return TensorDictReplayBuffer(
-        storage=LazyTensorStorage(N),
-        writer=writer() if writer else None,
-        pin_memory=pin_memory,
-        batch_size=12,
-    )
+    return TensorDictReplayBuffer(storage=LazyTensorStorage(N), pin_memory=pin_memory, batch_size=12)
 
 
 def test_waiting_sample_waits_for_data(fake_accelerator, waiting_sample):
@@ -370,20 +365,19 @@ def test_waiting_sample_waits_for_data(fake_accelerator, waiting_sample):
     assert all(leaf.is_pinned() for _, leaf in tensor_leaves(patched[0]))
 
 
-def test_waiting_sample_times_out_and_cancels_as_stock(no_accelerator, waiting_sample):
+def test_waiting_sample_times_out_and_cancels_as_stock(waiting_sample):
     """timeout and cancel_event reach the readiness check: the same errors as stock."""
     cancelled = threading.Event()
     cancelled.set()
-    calls = {
-        "timeout": (lambda rb: rb.sample(wait=True, timeout=0.01), TimeoutError),
-        "cancel": (lambda rb: rb.sample(wait=True, cancel_event=cancelled), RuntimeError),
-        "bad-timeout": (lambda rb: rb.sample(wait=True, timeout=-1.0), ValueError),
-    }
-    for name, (call, error) in calls.items():
+    calls = [
+        (lambda rb: rb.sample(wait=True, timeout=0.01), TimeoutError, "within 0.01 seconds"),
+        (lambda rb: rb.sample(wait=True, cancel_event=cancelled), RuntimeError, "cancelled"),
+        (lambda rb: rb.sample(wait=True, timeout=-1.0), ValueError, "non-negative"),
+    ]
+    for call, error, message in calls:
         for run, pin_memory in ((run_stock, False), (run_patched, True)):
-            with pytest.raises(error) as caught:
-                run(lambda: call(_empty_td_buffer(pin_memory)))
-            assert caught.type is error, name
+            with pytest.raises(error, match=message):
+                run(lambda call=call, pin_memory=pin_memory: call(_empty_td_buffer(pin_memory)))
 
 
 def test_index_generation_is_pinned(fake_accelerator, generations, prefetch, tmp_path):
@@ -391,7 +385,11 @@ def test_index_generation_is_pinned(fake_accelerator, generations, prefetch, tmp
     build = _td_buffer(sampler=_slice_sampler, writer=_generation_writer)
 
     def scenario(pin_memory):
-        return lambda: _drained(rb := build(pin_memory, prefetch, tmp_path), rb.sample(return_info=True))
+        def run():
+            rb = build(pin_memory, prefetch, tmp_path)
+            return _drained(rb, rb.sample(return_info=True))
+
+        return run
 
     stock = run_stock(scenario(False))
     sample, info = run_patched(scenario(True))

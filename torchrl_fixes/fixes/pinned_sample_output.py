@@ -14,9 +14,15 @@ returns unpinned data, as :class:`torch.utils.data.DataLoader` does. Pinning
 still runs inside ``_sample``, so with ``prefetch`` it happens in the prefetch
 worker, off the training thread.
 
-The functions below are TorchRL's own, changed where the fix needs it; they are
-what the upstream patch puts in ``torchrl/data/replay_buffers/utils.py`` and
-``TensorDictReplayBuffer.sample``.
+On TorchRL main (torchrl-nightly 2026.10.27), ``TensorDictReplayBuffer.sample``
+also takes ``wait``, ``timeout`` and ``cancel_event``, and a writer built with
+``track_generations=True`` adds an ``index_generation`` info entry: the fix
+replaces that ``sample`` with one taking the same arguments and passing them on
+as stock does, and pins ``index_generation`` like every other info entry.
+
+The functions below are TorchRL's own, changed where the fix needs it, one
+``sample`` per stock variant; the 0.14.1 ones are what the upstream patch puts in
+``torchrl/data/replay_buffers/utils.py`` and ``TensorDictReplayBuffer.sample``.
 """
 from __future__ import annotations
 

@@ -108,6 +108,18 @@ INLINE_HOOKS = {
 }
 
 
+# TorchRL's sample units (Sequence, SubgoalTriplet; TorchRL main, not in a release yet)
+# read episode boundaries through one static method: it first puts the index's
+# boundaries in the cache it reads. Same shape as INLINE_HOOKS.
+SAMPLE_UNIT_HOOKS = {
+    ("sample_units.py", "SampleUnit._episode_boundaries"): (
+        ("_seed_episode_boundaries(storage, done_key, device)",),
+        (),
+    ),
+}
+# Fingerprints of the stock SampleUnit._episode_boundaries: torchrl-nightly 2026.10.27.
+_KNOWN_EPISODE_BOUNDARIES = {"01892c957be6fac6"}
+
 # Fingerprints of the stock SliceSampler._get_stop_and_length whose boundary
 # recovery this fix reproduces: 0.11.1, 0.12.0, 0.13.3, 0.14.1.
 _KNOWN_GET_STOP_AND_LENGTH = {
@@ -176,8 +188,26 @@ class SliceBoundaryIndex(Fix):
             replacements.append(
                 Replacement(owner, name, wrap_with_statements(method, before, after, vars(storage_boundaries)))
             )
+        replacements += _sample_unit_replacements()
         _classes_fallback_reason.cache_clear()
         return replacements
+
+
+def _sample_unit_replacements() -> list[Replacement]:
+    """The sample units' boundary hook, where TorchRL has sample units."""
+    try:
+        from torchrl.data.replay_buffers.sample_units import SampleUnit
+    except ImportError:
+        return []  # releases before 0.14
+    replacements = []
+    for (_, qualname), (before, after) in SAMPLE_UNIT_HOOKS.items():
+        name = qualname.split(".")[1]
+        if name not in vars(SampleUnit):
+            continue  # 0.14's sample units read no episode boundaries
+        stock = stock_function(SampleUnit, name, _KNOWN_EPISODE_BOUNDARIES)
+        wrapper = wrap_with_statements(stock, before, after, vars(storage_boundaries))
+        replacements.append(Replacement(SampleUnit, name, staticmethod(wrapper)))
+    return replacements
 
 
 __all__ = ["INLINE_HOOKS", "SliceBoundaryIndex", "boundary_source", "fallback_reason"]

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import torch
+import torchrl.data
 from tensordict import TensorDict
 from torchrl.data import (
     LazyMemmapStorage,
@@ -41,8 +42,10 @@ pytestmark = pytest.mark.skipif(
     _NOT_IN_EFFECT is not None, reason=f"single_gather does not act here ({_NOT_IN_EFFECT})"
 )
 
-# pad_output is new in TorchRL 0.13; init_key and fragmented in 0.14.
+# pad_output is new in TorchRL 0.13; init_key and fragmented in 0.14; output_layout
+# ("batch_time") after 0.14.1 (torchrl-nightly 2026.10.27).
 SLICE_OPTIONS = set(inspect.signature(SliceSampler.__init__).parameters)
+BATCH_TIME = {"output_layout": "batch_time"}
 # TorchRL >= 0.13 marks slice starts in is_init, which it reads from the sampled rows.
 HAS_INIT_MARKER = hasattr(SliceSampler, "_maybe_emit_init_marker")
 SAMPLERS = {
@@ -50,6 +53,9 @@ SAMPLERS = {
     "without_replacement": SliceSamplerWithoutReplacement,
     "prioritized": PrioritizedSliceSampler,
 }
+# StreamingSliceSampler (TorchRL 0.14 on) builds the info of its queued windows
+# with SliceSampler._finalize_index.
+STREAMING = getattr(torchrl.data, "StreamingSliceSampler", None)
 BATCH = 32
 NUM_SLICES = 4
 SAMPLES = 3
@@ -174,7 +180,10 @@ def build_buffer(case: Case, scratch: Path | None):
     options = {"end_key": ("next", "done"), **case.options}
     if case.sampler == "prioritized":
         options = {"max_capacity": CAPACITY, "alpha": 0.7, "beta": 0.5, **options}
-    sampler = SAMPLERS[case.sampler](num_slices=NUM_SLICES, **options)
+    if case.sampler == "streaming":
+        sampler = STREAMING(slice_len=BATCH // NUM_SLICES, **options)
+    else:
+        sampler = SAMPLERS[case.sampler](num_slices=NUM_SLICES, **options)
     if case.storage == "ndim2":
         storage = LazyTensorStorage(CAPACITY, ndim=2)
         batches = episodes(ROWS[case.fill] // NUM_ENVS, num_envs=NUM_ENVS, **case.data).split(
@@ -293,6 +302,64 @@ def _cases() -> list[Case]:
             needs=("fragmented",),
         ),
     ]
+    # The batch_time layout: the sampler returns [num_slices, time] and reads the
+    # init flags of the sampled rows for its is_init marker.
+    for sampler in ("slice", "without_replacement"):
+        for storage in ("tensor", "memmap", "ndim2"):
+            cases.append(Case(sampler, storage, options=BATCH_TIME, needs=("output_layout",)))
+        for options in (
+            {"strict_length": False},
+            {"init_key": None},
+            {"truncated_key": None, "init_key": None},
+        ):
+            cases.append(
+                Case(sampler, "tensor", options={**BATCH_TIME, **options}, needs=("output_layout",))
+            )
+        cases.append(
+            Case(sampler, "ndim2", options={**BATCH_TIME, "strict_length": False}, needs=("output_layout",))
+        )
+        cases.append(
+            Case(sampler, "tensor", fill="wrapped", options=BATCH_TIME, needs=("output_layout",))
+        )
+        cases.append(
+            Case(sampler, "memmap", options=BATCH_TIME, data={"is_init": False}, needs=("output_layout",))
+        )
+        cases.append(Case(sampler, "tensor", buffer="plain", options=BATCH_TIME, needs=("output_layout",)))
+    cases += [
+        Case("slice", "tensor", options={**BATCH_TIME, "cache_values": True}, needs=("output_layout",)),
+        Case(
+            "slice",
+            "tensor",
+            options={**BATCH_TIME, "strict_length": False, "pad_output": True},
+            needs=("output_layout",),
+        ),
+        Case(
+            "slice",
+            "tensor",
+            options={**BATCH_TIME, "span": True, "strict_length": False},
+            needs=("output_layout",),
+        ),
+        Case(
+            "slice",
+            "tensor",
+            options={
+                **BATCH_TIME,
+                "fragmented": True,
+                "traj_key": "episode",
+                "step_key": "step",
+                "end_key": None,
+            },
+            needs=("output_layout",),
+        ),
+    ]
+    # StreamingSliceSampler: fresh windows, then the uniform fallback.
+    cases += [
+        Case("streaming", "tensor"),
+        Case("streaming", "memmap", fill="wrapped"),
+        Case("streaming", "tensor", options={"truncated_key": None}),
+        Case("streaming", "tensor", options={"init_key": None}, data={"is_init": False}),
+        Case("streaming", "tensor", buffer="plain"),
+    ]
     return cases
 
 
@@ -304,6 +371,8 @@ def require(case: Case, request) -> None:
     missing = [option for option in case.needs if option not in SLICE_OPTIONS]
     if missing:
         pytest.skip(f"SliceSampler has no {', '.join(missing)} in this TorchRL")
+    if case.sampler == "streaming" and STREAMING is None:
+        pytest.skip("this TorchRL has no StreamingSliceSampler")
     if case.sampler == "prioritized":
         request.getfixturevalue("torchrl_extension")
 
@@ -356,6 +425,11 @@ READ_CASES = [
     Case("without_replacement", "tensor"),
     Case("prioritized", "tensor"),
     Case("prioritized", "ndim2", options={"strict_length": False}),
+    Case("slice", "tensor", options=BATCH_TIME, needs=("output_layout",)),
+    Case("slice", "ndim2", options={**BATCH_TIME, "strict_length": False}, needs=("output_layout",)),
+    Case("slice", "tensor", options={**BATCH_TIME, "init_key": None}, needs=("output_layout",)),
+    Case("without_replacement", "tensor", options=BATCH_TIME, needs=("output_layout",)),
+    Case("streaming", "tensor"),
 ]
 
 
@@ -391,6 +465,18 @@ def test_entries_the_info_needs_are_still_read():
     for entry in (("next", "done"), ("next", "terminated")):
         assert _count_gathers(rb, entry) == 2, entry
     assert _count_gathers(rb, "is_init") == (2 if HAS_INIT_MARKER else 1)
+
+
+def test_batch_time_reads_only_the_init_flags(request):
+    """The batch_time layout builds no done / terminated info: the sampler reads is_init alone."""
+    case = Case("slice", "tensor", options=BATCH_TIME, needs=("output_layout",))
+    require(case, request)
+    rb = build_buffer(case, None)
+    sample = rb.sample()
+    assert sample.batch_size == (NUM_SLICES, BATCH // NUM_SLICES)
+    assert _count_gathers(rb, "is_init") == 2
+    for entry in (("next", "done"), ("next", "terminated"), "pixels"):
+        assert _count_gathers(rb, entry) == 1, entry
 
 
 @pytest.mark.parametrize("storage", ["tensor", "memmap", "ndim2"])
@@ -466,7 +552,7 @@ def test_changed_target_is_skipped_not_half_applied(monkeypatch):
             registry.activate("single_gather")
         row = registry.status()["single_gather"]
         assert row.state == "skipped"
-        assert row.reason.startswith("target changed: SliceSampler._finalize_index / _get_index")
+        assert row.reason.startswith(f"target changed: SliceSampler.{name} is not the code")
         assert any(issubclass(w.category, torchrl_fixes.FixSkippedWarning) for w in caught)
         assert vars(SliceSampler)[name] is rewritten
         assert vars(PrioritizedSliceSampler)["sample"] is stock_sample
@@ -508,6 +594,8 @@ def test_case_matrix_covers_the_issue():
     for sampler in SAMPLERS:
         assert f"{sampler}-ndim2" in ids and f"{sampler}-memmap" in ids
     for needle in (
+        "output_layout=batch_time",
+        "streaming-",
         "truncated_key=('agent', 'truncated')",
         "truncated_key=truncated",
         "truncated_key=None",

@@ -32,9 +32,8 @@ from packaging.specifiers import SpecifierSet
 from tensordict import TensorDict
 from tensordict.utils import NestedKey
 
-from torchrl_fixes import patching
 from torchrl_fixes.patching import Replacement
-from torchrl_fixes.registry import Fix, TargetChanged
+from torchrl_fixes.registry import Fix, TargetChanged, stock_function
 from torchrl_fixes.source_fingerprint import source_fingerprint
 
 try:
@@ -188,6 +187,83 @@ def _finalize_index(
         info, st_index, num_slices, seq_length, target_seq_length
     )
     return index, info
+
+
+def _finalize_index_batch_time(
+    self,
+    *,
+    index: torch.Tensor,
+    num_slices: int,
+    seq_length: int | torch.Tensor,
+    target_seq_length: int | None,
+    mask_flat: torch.Tensor | None,
+    storage: Storage,
+) -> tuple[tuple[torch.Tensor, ...], dict[str, Any]]:
+    """``SliceSampler._finalize_index`` of TorchRL main, reading only the entries the info needs.
+
+    TorchRL main adds the ``output_layout="batch_time"`` layout in front of the
+    0.14 code, which follows unchanged (:func:`_finalize_index`).
+    """
+    if self.output_layout == "batch_time":
+        time_size = (
+            target_seq_length
+            if target_seq_length is not None
+            else seq_length
+            if isinstance(seq_length, int)
+            else None
+        )
+        if time_size is None or index.shape[0] != num_slices * time_size:
+            raise RuntimeError(
+                "Could not form a stable batch-time SliceSampler output. "
+                f"output_layout={self.output_layout!r}, "
+                f"strict_length={self.strict_length}, "
+                f"pad_output={self.pad_output}, num_slices={num_slices}, "
+                f"seq_length_shape={getattr(seq_length, 'shape', None)}, "
+                f"target_seq_length={target_seq_length}, "
+                f"index_shape={tuple(index.shape)}. Please report this "
+                "issue with the sampler configuration."
+            )
+        if not self.strict_length and mask_flat is None:
+            mask_flat = torch.ones(
+                index.shape[0], dtype=torch.bool, device=index.device
+            )
+
+        slice_end = torch.zeros(
+            (index.shape[0], 1), dtype=torch.bool, device=index.device
+        )
+        if isinstance(seq_length, int):
+            slice_end.view(num_slices, time_size)[:, seq_length - 1] = True
+        else:
+            positions = torch.arange(
+                num_slices, device=seq_length.device
+            ) * time_size + (seq_length - 1).clamp_min(0)
+            slice_end[positions] = True
+
+        flat_index = index.to(torch.long).unbind(-1)
+        # Only the init flags are read here: the buffer gathers the full rows.
+        st_index = _read_entries(storage, flat_index, (self.init_key,))
+        info = {self.slice_end_key: slice_end}
+        if mask_flat is not None:
+            info[("collector", "mask")] = mask_flat
+        self._maybe_emit_init_marker(
+            info, st_index, num_slices, seq_length, target_seq_length
+        )
+
+        index = index.reshape(num_slices, time_size, index.shape[-1])
+        info = {
+            key: value.reshape(num_slices, time_size, *value.shape[1:])
+            for key, value in info.items()
+        }
+        return index.unbind(-1), info
+    return _finalize_index(
+        self,
+        index=index,
+        num_slices=num_slices,
+        seq_length=seq_length,
+        target_seq_length=target_seq_length,
+        mask_flat=mask_flat,
+        storage=storage,
+    )
 
 
 def _get_index_0_13(
@@ -597,7 +673,7 @@ class SingleGather(Fix):
     upstream_issue = "https://github.com/pytorch/rl/issues/2422"
     torchrl_versions = SpecifierSet(">=0.11")
     targets = (
-        "torchrl.data.replay_buffers.samplers.SliceSampler._finalize_index (TorchRL 0.14)",
+        "torchrl.data.replay_buffers.samplers.SliceSampler._finalize_index (TorchRL 0.14, main)",
         "torchrl.data.replay_buffers.samplers.SliceSampler._get_index (TorchRL 0.11 to 0.13)",
         "torchrl.data.replay_buffers.samplers.PrioritizedSliceSampler.sample",
     )
@@ -611,18 +687,21 @@ class SingleGather(Fix):
     # fingerprint, the stock fingerprint of the _maybe_emit_init_marker it calls
     # or None where there is none, the replacement).
     variants = (
+        # torchrl-nightly 2026.10.27 (TorchRL main): the batch_time layout
+        ("_finalize_index", "e4c6482012fecc92", "c6ecacb2f419f943", _finalize_index_batch_time),
         ("_finalize_index", "dec80b91b8a93985", "c6ecacb2f419f943", _finalize_index),  # 0.14.1
         ("_get_index", "1a637a5ac58f793b", "60f5ba7223d77b67", _get_index_0_13),  # 0.13.3
         ("_get_index", "39dfa19478982190", None, _get_index_0_11),  # 0.11.1, 0.12.0
     )
     # Stock code the replacements rely on without replacing it: how a tensor
-    # storage reads rows (0.11.1 to 0.14.1).
+    # storage reads rows (0.11.1 to 0.14.1, torchrl-nightly 2026.10.27).
     read_fingerprints = {
         "TensorStorage.get": {"2861b0fdf9cf5c02"},
         "LazyTensorStorage.get": {"a28643a6eb0a3753"},
         "LazyMemmapStorage.get": {"27722ae56ca23976"},
     }
-    prioritized_fingerprints = {"3575e5dafe82cf9b"}  # PrioritizedSliceSampler.sample
+    # PrioritizedSliceSampler.sample: 0.11.1 to 0.14.1, torchrl-nightly 2026.10.27.
+    prioritized_fingerprints = {"3575e5dafe82cf9b"}
 
     @classmethod
     def known_fingerprints(cls) -> dict[str, set[str]]:
@@ -637,64 +716,47 @@ class SingleGather(Fix):
             known[path] = set(fingerprints)
         return known
 
+    @staticmethod
+    def _info_builder() -> str:
+        # TorchRL 0.14 and main build the info in _finalize_index, 0.11 to 0.13 in _get_index.
+        return "_finalize_index" if "_finalize_index" in vars(SliceSampler) else "_get_index"
+
     def stock_targets(self) -> dict[str, types.FunctionType | None]:
-        """The installed stock functions this fix replaces or relies on, by path."""
+        """The installed functions this fix replaces or relies on, by path (``None`` where missing)."""
         if _IMPORT_ERROR is not None:
             raise TargetChanged(f"cannot import TorchRL's slice samplers ({_IMPORT_ERROR})")
-
-        def own(cls, name):
-            func = vars(cls).get(name)
-            return func if isinstance(func, types.FunctionType) else None
-
-        def original(cls, name):
-            try:
-                func = patching.get_original(cls, name)
-            except AttributeError:
-                return None
-            return func if isinstance(func, types.FunctionType) else None
-
-        # TorchRL 0.14 builds the info in _finalize_index, 0.11 to 0.13 in _get_index.
-        builder = "_finalize_index" if "_finalize_index" in vars(SliceSampler) else "_get_index"
-        targets = {f"SliceSampler.{builder}": own(SliceSampler, builder)}
-        targets["SliceSampler._maybe_emit_init_marker"] = original(
-            SliceSampler, "_maybe_emit_init_marker"
-        )
-        targets["PrioritizedSliceSampler.sample"] = own(PrioritizedSliceSampler, "sample")
-        for cls in (TensorStorage, LazyTensorStorage, LazyMemmapStorage):
-            targets[f"{cls.__name__}.get"] = original(cls, "get")
+        builder = self._info_builder()
+        targets = {}
+        for owner, name in (
+            (SliceSampler, builder),
+            (SliceSampler, "_maybe_emit_init_marker"),
+            (PrioritizedSliceSampler, "sample"),
+            (TensorStorage, "get"),
+            (LazyTensorStorage, "get"),
+            (LazyMemmapStorage, "get"),
+        ):
+            func = vars(owner).get(name)
+            targets[f"{owner.__name__}.{name}"] = (
+                func if isinstance(func, types.FunctionType) else None
+            )
         return targets
 
     def plan(self) -> list[Replacement]:
-        stock = self.stock_targets()
-        fingerprints = {
-            path: None if func is None else source_fingerprint(func)
-            for path, func in stock.items()
-        }
-        for path, known in self.read_fingerprints.items():
-            if fingerprints[path] not in known:
-                raise TargetChanged(
-                    f"{path} is not the code this fix reads through (changed upstream)"
-                )
-        variant = next(
-            (v for v in self.variants if fingerprints.get(f"SliceSampler.{v[0]}") == v[1]), None
+        if _IMPORT_ERROR is not None:
+            raise TargetChanged(f"cannot import TorchRL's slice samplers ({_IMPORT_ERROR})")
+        for cls in (TensorStorage, LazyTensorStorage, LazyMemmapStorage):
+            stock_function(cls, "get", self.read_fingerprints[f"{cls.__name__}.get"])
+        builder = self._info_builder()
+        stock = stock_function(
+            SliceSampler, builder, {v[1] for v in self.variants if v[0] == builder}
         )
-        if variant is None:
-            raise TargetChanged(
-                "SliceSampler._finalize_index / _get_index is not the code this fix "
-                "replaces (changed or fixed upstream)"
-            )
-        name, _, marker, new = variant
-        if fingerprints["SliceSampler._maybe_emit_init_marker"] != marker:
-            raise TargetChanged(
-                "SliceSampler._maybe_emit_init_marker is not the code this fix reads "
-                "for (changed upstream)"
-            )
-        if fingerprints["PrioritizedSliceSampler.sample"] not in self.prioritized_fingerprints:
-            raise TargetChanged(
-                "PrioritizedSliceSampler.sample is not the code this fix replaces "
-                "(changed or fixed upstream)"
-            )
+        _, _, marker, new = next(
+            v for v in self.variants if v[0] == builder and v[1] == source_fingerprint(stock)
+        )
+        if marker is not None:
+            stock_function(SliceSampler, "_maybe_emit_init_marker", {marker})
+        stock_function(PrioritizedSliceSampler, "sample", self.prioritized_fingerprints)
         return [
-            Replacement(SliceSampler, name, new),
+            Replacement(SliceSampler, builder, new),
             Replacement(PrioritizedSliceSampler, "sample", _prioritized_slice_sample),
         ]

@@ -458,6 +458,72 @@ def test_stock_gathers_the_sampled_rows_twice(case, request):
     assert _count_gathers(rb) == 2
 
 
+STREAMING_WRITE_CASES = [
+    Case("streaming", "tensor"),
+    Case("streaming", "tensor", fill="wrapped"),
+    Case("streaming", "tensor", options={"traj_key": "episode", "end_key": None}),
+]
+
+
+def _count_write_gathers(rb, entry: Any = ("next", "pixels")) -> int:
+    """How many row gathers one ``rb.extend()`` of 20 rows makes from the stored ``entry``."""
+    stored = rb.storage._storage
+    stored.set(entry, stored.get(entry).as_subclass(GatherCounter), inplace=False)
+    try:
+        GatherCounter.reset()
+        rb.extend(episodes(20, seed=1))
+        return GatherCounter.gathers
+    finally:
+        stored.set(entry, stored.get(entry).as_subclass(torch.Tensor), inplace=False)
+
+
+@pytest.mark.parametrize("case", STREAMING_WRITE_CASES, ids=[case.id for case in STREAMING_WRITE_CASES])
+def test_streaming_write_reads_only_the_boundary_entries(case, request):
+    """StreamingSliceSampler reads the written rows' boundaries on a write, not their images."""
+    require(case, request)
+    rb = build_buffer(case, None)
+    assert _count_write_gathers(rb) == 0
+    assert _count_write_gathers(rb, "is_init") == 1
+    boundary = "episode" if "traj_key" in case.options else ("next", "done")
+    assert _count_write_gathers(rb, boundary) == 1
+
+
+@pytest.mark.stock_bug
+@pytest.mark.parametrize("case", STREAMING_WRITE_CASES, ids=[case.id for case in STREAMING_WRITE_CASES])
+def test_stock_streaming_write_gathers_the_written_rows(case, request):
+    """Stock: StreamingSliceSampler gathers every entry of the rows just written."""
+    require(case, request)
+    with reference.stock():
+        rb = build_buffer(case, None)
+    assert _count_write_gathers(rb) == 1
+
+
+@pytest.mark.parametrize(
+    "options", [{}, {"traj_key": "episode", "end_key": None}], ids=["end_key", "traj_key"]
+)
+def test_streaming_writes_queue_the_stock_windows(options, request):
+    """Writes interleaved with samples: the queued windows, hence the samples, are stock's.
+
+    Each write ends inside an episode (its last done flag is cleared) and the next
+    one starts a new episode: only ``is_init`` (and the ids, with a trajectory key)
+    tells the sampler not to join them.
+    """
+    case = Case("streaming", "tensor", options=options)
+    require(case, request)
+
+    def scenario():
+        rb = build_buffer(case, None)
+        out = []
+        for seed in range(4):
+            batch = episodes(30, seed=seed + 10)
+            batch[("next", "done")][-1] = False
+            rb.extend(batch)
+            out.append(rb.sample(return_info=True))
+        return out
+
+    assert_identical(run_stock(scenario), run_patched(scenario))
+
+
 def test_entries_the_info_needs_are_still_read():
     """done, terminated (and is_init, where slice starts are marked) are gathered by the sampler and by the buffer."""
     rb = build_buffer(Case("slice", "tensor"), None)

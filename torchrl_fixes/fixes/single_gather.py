@@ -21,7 +21,11 @@ The functions below are TorchRL's own, changed where the fix needs it: TorchRL
 every release.
 """
 from __future__ import annotations
+import __future__
 
+import inspect
+import linecache
+import textwrap
 import types
 from collections.abc import Sequence
 from typing import Any
@@ -54,6 +58,10 @@ except ImportError as err:  # a TorchRL whose layout this fix does not know
     _IMPORT_ERROR = err
 else:
     _IMPORT_ERROR = None
+try:  # TorchRL 0.14 on
+    from torchrl.data.replay_buffers.samplers import StreamingSliceSampler
+except ImportError:
+    StreamingSliceSampler = None
 
 
 def _defined_by(cls: type, name: str) -> type | None:
@@ -121,6 +129,77 @@ def _read_entries(
     if not storage._is_full:
         data = data[: storage._len_along_dim0]
     return data[index]
+
+
+def _read_written_entries(sampler, storage: Storage, index: torch.Tensor) -> Any:
+    """The rows ``StreamingSliceSampler.mark_update`` reads from a write, restricted to the entries it uses.
+
+    The sampler reads the trajectory ids, the end flags and ``"is_init"`` of the
+    rows just written. From a tensor storage holding a
+    :class:`~tensordict.TensorDict`, only these entries are gathered (the sampler's
+    trajectory key is resolved first, as stock does right after its read); any other
+    storage returns ``storage.get(index)``.
+
+    Args:
+        sampler (StreamingSliceSampler): the sampler notified of the write.
+        storage (Storage): the storage written to.
+        index (torch.Tensor): the rows written.
+    """
+    if not _reads_tensordict(storage):
+        return storage.get(index)
+    if getattr(sampler, "_traj_key_auto", False):
+        sampler._resolve_traj_key(storage)
+    keys = [sampler.traj_key if sampler._fetch_traj else None, "is_init"]
+    keys.extend(sampler.end_keys or (sampler.end_key,))
+    return _read_entries(storage, index, keys)
+
+
+def _derived(stock: types.FunctionType, edits: Sequence[tuple[str, str]], **names: Any) -> types.FunctionType:
+    """``stock`` with its source edited: each ``(old, new)`` text must be found exactly once.
+
+    The new function is compiled in ``stock``'s module (its globals, its ``super()``
+    class) and also sees ``names``. ``stock`` must have passed the fingerprint gate,
+    so the edits are made to known code.
+
+    Raises:
+        TargetChanged: an edit does not apply exactly once.
+
+    Examples:
+        >>> def twice(x):
+        ...     return x * 2
+        >>> thrice = _derived(twice, [("x * 2", "x * factor")], factor=3)
+        >>> thrice(2)
+        6
+    """
+    source = textwrap.dedent(inspect.getsource(stock))
+    for old, new in edits:
+        if source.count(old) != 1:
+            raise TargetChanged(f"{stock.__qualname__}: {old.strip()!r} is not found once")
+        source = source.replace(old, new)
+    cells = dict(zip(stock.__code__.co_freevars, [c.cell_contents for c in stock.__closure__ or ()]))
+    free = {**cells, **names}
+    factory = (
+        f"def _factory({', '.join(free)}):\n"
+        f"{textwrap.indent(source, '    ')}\n"
+        f"    return {stock.__name__}\n"
+    )
+    filename = f"<torchrl_fixes single_gather {stock.__module__}.{stock.__qualname__}>"
+    linecache.cache[filename] = (len(factory), None, factory.splitlines(True), filename)
+    code = compile(factory, filename, "exec", flags=__future__.annotations.compiler_flag, dont_inherit=True)
+    namespace: dict[str, Any] = {}
+    exec(code, stock.__globals__, namespace)
+    func = namespace["_factory"](*free.values())
+    func.__qualname__ = stock.__qualname__
+    return func
+
+
+def _streaming_mark_update(stock: types.FunctionType) -> types.FunctionType:
+    """``StreamingSliceSampler.mark_update``, reading only the entries of the written rows it uses."""
+    return _derived(
+        stock,
+        [("data = storage.get(storage_index)", "data = _read_written_entries(self, storage, storage_index)")],
+        _read_written_entries=_read_written_entries,
+    )
 
 
 def _finalize_index(
@@ -676,6 +755,7 @@ class SingleGather(Fix):
         "torchrl.data.replay_buffers.samplers.SliceSampler._finalize_index (TorchRL 0.14, main)",
         "torchrl.data.replay_buffers.samplers.SliceSampler._get_index (TorchRL 0.11 to 0.13)",
         "torchrl.data.replay_buffers.samplers.PrioritizedSliceSampler.sample",
+        "torchrl.data.replay_buffers.samplers.StreamingSliceSampler.mark_update (TorchRL 0.14, main)",
     )
     stock_classes = ("torchrl.data.replay_buffers.samplers.SliceSampler",)
     fallbacks = (
@@ -702,6 +782,9 @@ class SingleGather(Fix):
     }
     # PrioritizedSliceSampler.sample: 0.11.1 to 0.14.1, torchrl-nightly 2026.10.27.
     prioritized_fingerprints = {"3575e5dafe82cf9b"}
+    # StreamingSliceSampler.mark_update: 0.14.1, torchrl-nightly 2026.10.27 (the
+    # class is new in 0.14).
+    streaming_fingerprints = {"fabeecdca4cce902"}
 
     @classmethod
     def known_fingerprints(cls) -> dict[str, set[str]]:
@@ -712,6 +795,7 @@ class SingleGather(Fix):
             if marker is not None:
                 known.setdefault("SliceSampler._maybe_emit_init_marker", set()).add(marker)
         known["PrioritizedSliceSampler.sample"] = set(cls.prioritized_fingerprints)
+        known["StreamingSliceSampler.mark_update"] = set(cls.streaming_fingerprints)
         for path, fingerprints in cls.read_fingerprints.items():
             known[path] = set(fingerprints)
         return known
@@ -731,10 +815,13 @@ class SingleGather(Fix):
             (SliceSampler, builder),
             (SliceSampler, "_maybe_emit_init_marker"),
             (PrioritizedSliceSampler, "sample"),
+            (StreamingSliceSampler, "mark_update"),
             (TensorStorage, "get"),
             (LazyTensorStorage, "get"),
             (LazyMemmapStorage, "get"),
         ):
+            if owner is None:  # StreamingSliceSampler before TorchRL 0.14
+                continue
             func = vars(owner).get(name)
             targets[f"{owner.__name__}.{name}"] = (
                 func if isinstance(func, types.FunctionType) else None
@@ -756,7 +843,14 @@ class SingleGather(Fix):
         if marker is not None:
             stock_function(SliceSampler, "_maybe_emit_init_marker", {marker})
         stock_function(PrioritizedSliceSampler, "sample", self.prioritized_fingerprints)
-        return [
+        replacements = [
             Replacement(SliceSampler, builder, new),
             Replacement(PrioritizedSliceSampler, "sample", _prioritized_slice_sample),
         ]
+        if StreamingSliceSampler is not None:
+            # It reads the rows of every write to queue its windows.
+            stock = stock_function(StreamingSliceSampler, "mark_update", self.streaming_fingerprints)
+            replacements.append(
+                Replacement(StreamingSliceSampler, "mark_update", _streaming_mark_update(stock))
+            )
+        return replacements

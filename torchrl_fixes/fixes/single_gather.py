@@ -4,9 +4,13 @@ To build its info (truncated / done / terminated / is_init), stock
 :class:`~torchrl.data.replay_buffers.SliceSampler` reads ``storage[index]``: every
 entry of every sampled row is gathered, and the replay buffer then gathers them
 all again to return the sample. On image data a slice sample costs 1.7-4.8x a
-random sample of the same size (TorchRL 0.10.1 to 0.14.1).
+random sample of the same size (TorchRL 0.10.1 to 0.14.1, and main).
 :class:`~torchrl.data.replay_buffers.PrioritizedSliceSampler` does the same, and
 :class:`~torchrl.data.replay_buffers.SliceSamplerWithoutReplacement` inherits it.
+TorchRL main (torchrl-nightly 2026.10.27) adds an ``output_layout="batch_time"``
+layout, whose info (slice_end, mask, is_init) is again built from the full rows.
+:class:`~torchrl.data.replay_buffers.samplers.StreamingSliceSampler` (0.14 on)
+also gathers every entry of the rows of each write to find its windows.
 
 With this fix the samplers read only the entries they use (done, terminated and
 the init key when the storage has them) from a
@@ -16,9 +20,12 @@ info is exactly what stock builds. Other storages (lists, tensorclasses, storage
 of your own that change how rows are read) keep the stock ``storage[index]``.
 
 The functions below are TorchRL's own, changed where the fix needs it: TorchRL
-0.14 builds the info in ``SliceSampler._finalize_index``, 0.11 to 0.13 in
+0.14 and main build the info in ``SliceSampler._finalize_index`` (main's adds the
+batch_time layout in front of 0.14's code), 0.11 to 0.13 in
 ``SliceSampler._get_index``; ``PrioritizedSliceSampler.sample`` is the same in
-every release.
+every release. ``StreamingSliceSampler.mark_update`` is the stock method with its
+one read edited (:func:`_derived`). Each is chosen by the fingerprint of the
+installed stock code.
 """
 from __future__ import annotations
 import __future__
@@ -136,9 +143,10 @@ def _read_written_entries(sampler, storage: Storage, index: torch.Tensor) -> Any
 
     The sampler reads the trajectory ids, the end flags and ``"is_init"`` of the
     rows just written. From a tensor storage holding a
-    :class:`~tensordict.TensorDict`, only these entries are gathered (the sampler's
-    trajectory key is resolved first, as stock does right after its read); any other
-    storage returns ``storage.get(index)``.
+    :class:`~tensordict.TensorDict`, only these entries are gathered; the
+    trajectory key is resolved first, to know which entry holds the ids
+    (``mark_update`` then finds it resolved). Any other storage returns
+    ``storage.get(index)``.
 
     Args:
         sampler (StreamingSliceSampler): the sampler notified of the write.

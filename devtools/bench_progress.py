@@ -6,7 +6,7 @@ the standard error the process started with, each prefixed with :data:`MARK`, so
 driver can tell them from anything else written there:
 
 - once, the number of benchmarks collected;
-- before the first benchmark of each test, what that test measures (the first
+- before the first benchmark of each test function, what it measures (the first
   sentence of its docstring);
 - for each benchmark, ``[i/n] scenario: stock ..., patched ..., ratio`` as it lands
   (or its median, where it times one build; or why it was skipped or failed).
@@ -58,7 +58,7 @@ class Progress:
         self.total = 0
         self.done = 0
         self.skipped = 0
-        self.last_function = None
+        self.described: set[str] = set()
 
     def pytest_collection_finish(self, session):
         self.total = len(session.items)
@@ -76,8 +76,8 @@ class Progress:
         outcome = yield
         report = outcome.get_result()
         function = getattr(item, "originalname", item.name)
-        if call.when == "setup" and function != self.last_function:
-            self.last_function = function
+        if call.when == "setup" and function not in self.described:
+            self.described.add(function)
             emit(f"{function}: {what_it_measures(item)}")
         if report.skipped and call.when in ("setup", "call"):
             self.skipped += 1

@@ -44,20 +44,20 @@ def activation_unchanged():
     assert after == before, "the test changed which fixes are applied"
 
 
-def _without_pointer(err: BaseException) -> str:
-    # TorchRL's message points at a log line ("See warning above.") that a test run
-    # does not show; the reason is given in full instead.
-    return str(err).replace("See warning above.", "").strip()
+def _extension_import_error(sampler_error: BaseException) -> str:
+    """Why the segment trees are missing, in one line.
 
-
-def _extension_import_error() -> str:
-    """Why ``torchrl._torchrl``'s segment trees do not import, in one line."""
+    TorchRL's own message points at a log line ("See warning above.") that a test
+    run does not show, so the import error itself is given instead.
+    """
     try:
         from torchrl._torchrl import SumSegmentTreeFp32  # noqa: F401
     except ImportError as err:
-        text = str(err).splitlines()[0] if str(err) else ""
-        return f"importing torchrl._torchrl raises ImportError: {text[:160]}"
-    return "torchrl._torchrl imports, but the sampler cannot use it"
+        text = (str(err).splitlines() or [""])[0]
+        # "/path/to/_torchrl.so: undefined symbol: ..." -> "undefined symbol: ..."
+        text = text.split(".so: ", 1)[-1]
+        return f"importing torchrl._torchrl raises ImportError: {text[:120]}"
+    return str(sampler_error).replace("See warning above.", "").strip()
 
 
 @pytest.fixture(scope="session")
@@ -77,8 +77,7 @@ def torchrl_extension():
         except (RuntimeError, ImportError) as err:
             message = (
                 f"TorchRL's C++ extension does not load beside torch {torch.__version__}, so "
-                f"a stock PrioritizedSampler fails too ({_without_pointer(err)}): "
-                f"{_extension_import_error()}"
+                f"a stock PrioritizedSampler fails too: {_extension_import_error(err)}"
             )
             if os.environ.get("TORCHRL_FIXES_REQUIRE_EXTENSION") == "1":
                 pytest.fail(message)

@@ -227,3 +227,23 @@ def test_a_baseline_that_this_run_would_overwrite_is_refused(fake_pytest, tmp_pa
     assert cli.main(["bench", "--out", str(tmp_path), "--compare", str(tmp_path / "nope.json")]) == 2
     assert "no baseline" in capsys.readouterr().err
     assert calls == []  # refused before anything ran
+
+
+def test_progress_lines_say_what_landed():
+    """The plugin's line for a pair, for one build, and what a test measures."""
+    pair = {"variant": "pair", "stock_median_s": 0.0088, "patched_median_s": 0.00063}
+    assert bench_progress.landed(pair, None) == "stock 8.8 ms, patched 630 µs, 13.97x"
+
+    class Stats:
+        median = 0.153
+
+    one = {"variant": "stock", "sampler": "slice", "slice_over_random": 1.414}
+    assert bench_progress.landed(one, Stats()) == "median 153 ms, slice/random 1.41x"
+
+    class Item:
+        def function():
+            """One ``rb.sample()`` (256 slices of 4) on a static
+            buffer. More detail here.
+            """
+
+    assert bench_progress.what_it_measures(Item) == "One rb.sample() (256 slices of 4) on a static buffer"

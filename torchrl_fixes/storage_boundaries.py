@@ -30,11 +30,8 @@ checked too. Writing into the storage's tensors directly
 
 Configurations the index does not handle return ``None`` from
 :func:`_boundary_index_boundaries`, and the sampler recovers the boundaries from
-the whole storage as before: storages other than ``TensorStorage`` over a
-TensorDict on CPU, more than two batch dimensions, ``fragmented=True``,
-``compile=True``, ``use_gpu``, static ``ends`` / ``trajectories``, subclasses
-that override the boundary recovery or a write path, and boundary columns whose
-shape or dtype the recovery would reject or squeeze differently.
+the whole storage as before; :func:`fallback_reason` says which one applies to a
+sampler and a storage.
 """
 from __future__ import annotations
 

@@ -16,8 +16,9 @@ With this fix the samplers read only the entries they use (done, terminated and
 the init key when the storage has them) from a
 :class:`~torchrl.data.replay_buffers.TensorStorage` that holds a
 :class:`~tensordict.TensorDict`; the buffer's gather is the only full read. The
-info is exactly what stock builds. Other storages (lists, tensorclasses, storages
-of your own that change how rows are read) keep the stock ``storage[index]``.
+info is exactly what stock builds. The storages that keep the stock
+``storage[index]`` are listed in :attr:`SingleGather.fallbacks` (``status()``
+prints the list).
 
 The functions below are TorchRL's own, changed where the fix needs it: TorchRL
 0.14 and main build the info in ``SliceSampler._finalize_index`` (main's adds the
@@ -766,6 +767,8 @@ class SingleGather(Fix):
         "torchrl.data.replay_buffers.samplers.StreamingSliceSampler.mark_update (TorchRL 0.14, main)",
     )
     stock_classes = ("torchrl.data.replay_buffers.samplers.SliceSampler",)
+    # The one list of what runs stock code: status(), the README and the upstream
+    # patch's header show this text.
     fallbacks = (
         "storages other than a TensorStorage holding a TensorDict (lists, tensorclasses, "
         "storages that override get): the sampler reads the full rows"

@@ -46,12 +46,8 @@ Writing into the storage's tensors directly (``rb.storage._storage[...] = ...``)
 cannot be seen, as with stock ``cache_values=True``.
 
 Configurations the index does not handle fall back to the stock code for that
-sample: storages other than ``TensorStorage`` over a TensorDict on CPU, storages
-with more than two batch dimensions, ``fragmented=True``, ``compile=True``,
-``use_gpu``, samplers built with static ``ends`` / ``trajectories``, subclasses
-that override the boundary recovery, boundary columns whose shape or dtype the
-stock code would reject or squeeze differently, and storages shared between
-processes that were built before the fix was applied.
+sample; :attr:`SliceBoundaryIndex.fallbacks` lists them (``status()`` prints the
+list), and :func:`fallback_reason` says which applies to a sampler and a storage.
 """
 from __future__ import annotations
 
@@ -148,9 +144,12 @@ class SliceBoundaryIndex(Fix):
         "torchrl.data.ReplayBuffer.set_ / set_at_ / update_ (where they exist)",
     )
     stock_classes = ("torchrl.data.replay_buffers.samplers.SliceSampler",)
+    # The one list of what runs stock code: status(), the README and the upstream
+    # patch's header show this text.
     fallbacks = (
         "storages other than TensorStorage over a TensorDict on CPU, ndim > 2, "
         "fragmented=True, compile=True, use_gpu, static ends/trajectories, "
+        "subclasses that override the boundary recovery or a write path, "
         "boundary columns the stock code would reject or squeeze, fewer than 2 rows, "
         "storages shared between processes but built before the fix was applied, "
         "memmap storages pickled or copied outside torch.multiprocessing"

@@ -152,10 +152,11 @@ class SliceBoundaryIndex(Fix):
         "subclasses that override the boundary recovery or a write path, "
         "boundary columns the stock code would reject or squeeze, fewer than 2 rows, "
         "storages shared between processes but built before the fix was applied, "
-        "memmap storages pickled or copied outside torch.multiprocessing"
+        "memmap storages pickled or copied outside torch.multiprocessing, "
+        "compilable=True storages before TorchRL 0.14 (no mutation revision to see "
+        "compiled writes by)"
     )
 
-    # Fingerprints of the stock boundary recovery this fix reproduces, 0.11.1 to 0.14.1.
     def plan(self) -> list[Replacement]:
         if _IMPORT_ERROR is not None:
             raise TargetChanged(f"cannot import TorchRL's samplers and storages ({_IMPORT_ERROR})")

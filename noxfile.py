@@ -1,7 +1,14 @@
-"""Sessions: tests, conformance over the TorchRL release matrix, lint, compare.
+"""Sessions: tests, conformance over the TorchRL release matrix, lint, benchmark, compare, upstream.
 
-Every environment installs the CPU build of torch 2.13.0 explicitly first: a bare
-``torch`` requirement would pull a multi-gigabyte CUDA build.
+Every environment installs torch first, explicitly: ``TORCHRL_FIXES_TORCH`` if set,
+else ``torch==2.13.0``. Which build that gives depends on where pip looks: from the
+plain package index, on Linux x86-64, ``torch==2.13.0`` is the CUDA build (several GB
+with its CUDA libraries; it also runs on a machine without a GPU); the CPU build
+(``2.13.0+cpu``) is what pip finds where its index or its ``--find-links`` offers a
+CPU wheel (PyTorch's CPU index, a local wheel folder, a mirror). Set the variable to
+any requirement pip takes, for example a wheel file or ``torch==2.13.0+cpu``:
+
+    TORCHRL_FIXES_TORCH=/wheels/torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl nox -s tests
 
     nox -s tests                     # unit tests + conformance on TorchRL 0.14.1
     nox -s conformance               # conformance on every supported release and the nightly
@@ -10,10 +17,13 @@ Every environment installs the CPU build of torch 2.13.0 explicitly first: a bar
     nox -s conformance_extension     # prioritized buffers, where TorchRL's C++ extension loads
     nox -s lint
     nox -s benchmark                 # the main job: stock vs patched timings, table and plot
-    nox -s benchmark -- --full       # adds 346M stored transitions (about 18 GiB of memory)
+    nox -s benchmark -- --full       # adds the 346M-transition rows (memory: python -m devtools bench --help)
     nox -s benchmark -- --compare BASELINE.json
     nox -s compare                   # stock vs patched outputs (pinning), side by side
     nox -s upstream                  # patches/ applied to TorchRL 0.14.1's source, no runtime patching
+
+``benchmark``, ``compare`` and ``upstream`` run the repository's development tooling,
+``python -m devtools``, from this folder.
 """
 from __future__ import annotations
 
@@ -24,7 +34,8 @@ import nox
 nox.options.reuse_existing_virtualenvs = True
 nox.options.sessions = ["lint", "tests", "conformance", "conformance_extension"]
 
-TORCH = "torch==2.13.0"
+# The torch requirement every session installs first (see the module docstring).
+TORCH = os.environ.get("TORCHRL_FIXES_TORCH", "").strip() or "torch==2.13.0"
 # TorchRL release -> the tensordict release it is tested with (the newest its pin admits).
 RELEASES = {
     "0.11.1": "0.11.0",
@@ -56,7 +67,8 @@ def tests(session: nox.Session) -> None:
     """Unit tests of the package, and the conformance suite on the newest release."""
     _install(session, NEWEST)
     session.run(
-        "python", "-m", "pytest", "--doctest-modules", "torchrl_fixes", "tests", "conformance",
+        "python", "-m", "pytest", "--doctest-modules", "torchrl_fixes", "devtools", "tests",
+        "conformance",
         *session.posargs,
     )
 
@@ -87,30 +99,31 @@ def conformance_extension(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff over the package, the tests and the suite."""
+    """ruff over the package, the development tooling, the tests and the suite."""
     session.install("ruff>=0.6")
-    session.run("ruff", "check", "torchrl_fixes", "tests", "conformance", "noxfile.py")
+    session.run("ruff", "check", "torchrl_fixes", "devtools", "tests", "conformance", "noxfile.py")
 
 
 @nox.session
 def compare(session: nox.Session) -> None:
-    """The main job: the fix status, then stock and patched TorchRL side by side."""
+    """The fix status, then stock and patched ``pin_memory=True`` output side by side."""
     _install(session, NEWEST)
-    session.run("python", "-m", "torchrl_fixes", "compare", *session.posargs)
+    session.run("python", "-m", "devtools", "compare", *session.posargs)
 
 
 @nox.session
 def benchmark(session: nox.Session) -> None:
     """The main job: stock against patched TorchRL timed here, as a table and a plot.
 
-    Writes ``results/`` (``bench.json``, ``benchmark.md``,
-    ``benchmark.png``). Arguments after ``--`` go to ``python -m torchrl_fixes
-    bench``: ``--full``, ``--compare BASELINE.json``, ``--margin``, ``--json``,
-    ``--out DIR``, ``--threads N``.
+    Shows each benchmark as it lands, then the table; writes ``results/``
+    (``bench.json``, ``benchmark.md``, ``benchmark.png``, ``bench.log``). Arguments
+    after ``--`` go to ``python -m devtools bench``: ``--full``, ``--compare
+    BASELINE.json``, ``--margin``, ``--json``, ``--out DIR``, ``--threads N``
+    (``python -m devtools bench --help`` says what each does and what ``--full`` needs).
     """
     session.install(TORCH)
     session.install("-e", ".[bench]", *_torchrl_requirements(NEWEST))
-    session.run("python", "-m", "torchrl_fixes", "bench", *session.posargs)
+    session.run("python", "-m", "devtools", "bench", *session.posargs)
 
 
 @nox.session
@@ -124,12 +137,12 @@ def upstream(session: nox.Session) -> None:
     install (``conformance/stock_source.py``). Arguments after ``--`` go to pytest.
     """
     _install(session, NEWEST)
-    session.run("python", "-m", "torchrl_fixes", "export-patches", "--check")
+    session.run("python", "-m", "devtools", "export-patches", "--check")
     work = os.path.abspath(session.create_tmp())
     source = os.path.join(work, "torchrl-patched")
     session.run("python", "-c", f"import shutil; shutil.rmtree({source!r}, ignore_errors=True)")
     stock = session.run(
-        "python", "-m", "torchrl_fixes", "patched-copy", source, silent=True
+        "python", "-m", "devtools", "patched-copy", source, silent=True
     ).strip().splitlines()[-1]
     env = {
         "PYTHONPATH": source,
@@ -138,5 +151,5 @@ def upstream(session: nox.Session) -> None:
     }
     session.run("python", "-m", "pytest", "conformance", *session.posargs, env=env)
     session.run(
-        "python", "-m", "torchrl_fixes", "bench", "--out", os.path.join(work, "results"), env=env
+        "python", "-m", "devtools", "bench", "--out", os.path.join(work, "results"), env=env
     )

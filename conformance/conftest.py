@@ -9,6 +9,7 @@ import torch
 
 import torchrl_fixes
 from conformance import reference
+from conformance.speed_sizes import GiB, memory_for_scale
 
 
 def pytest_report_header(config):
@@ -43,6 +44,22 @@ def activation_unchanged():
     assert after == before, "the test changed which fixes are applied"
 
 
+def _extension_import_error(sampler_error: BaseException) -> str:
+    """Why the segment trees are missing, in one line.
+
+    TorchRL's own message points at a log line ("See warning above.") that a test
+    run does not show, so the import error itself is given instead.
+    """
+    try:
+        from torchrl._torchrl import SumSegmentTreeFp32  # noqa: F401
+    except ImportError as err:
+        text = (str(err).splitlines() or [""])[0]
+        # "/path/to/_torchrl.so: undefined symbol: ..." -> "undefined symbol: ..."
+        text = text.split(".so: ", 1)[-1]
+        return f"importing torchrl._torchrl raises ImportError: {text[:120]}"
+    return str(sampler_error).replace("See warning above.", "").strip()
+
+
 @pytest.fixture(scope="session")
 def torchrl_extension():
     """Skips the test where TorchRL's C++ extension (segment trees) does not load.
@@ -58,7 +75,10 @@ def torchrl_extension():
         try:
             PrioritizedSampler(8, alpha=0.7, beta=0.5)
         except (RuntimeError, ImportError) as err:
-            message = f"TorchRL's C++ extension does not load here (stock fails too): {err}"
+            message = (
+                f"TorchRL's C++ extension does not load beside torch {torch.__version__}, so "
+                f"a stock PrioritizedSampler fails too: {_extension_import_error(err)}"
+            )
             if os.environ.get("TORCHRL_FIXES_REQUIRE_EXTENSION") == "1":
                 pytest.fail(message)
             pytest.skip(message)
@@ -124,12 +144,13 @@ def pytest_addoption(parser):
         help=(
             "Buffer sizes of the slice-sampling benchmarks (marker 'speed'). Each scale adds "
             "rows to the one before. ci (default): 1M-2M transitions, the whole file in about "
-            "3 minutes on 2 CPU cores, under 2 GB of memory. report: adds the issue's 5M/6M and "
-            "5M/600M seed-table rows and the 40M online loop; needs about 8.5 GB available. "
-            "full: adds 346M stored / 600M capacity; needs about 11 GB available for the "
-            "episode-id rows and 7 GB for the done-flag rows, and a long run (each buffer "
-            "takes about a minute to fill). Rows that do not fit in the available memory "
-            "are skipped, saying how much they need."
+            "3 minutes on 2 CPU cores. report: adds the issue's 5M/6M and 5M/600M seed-table "
+            "rows and the 40M online loop. full: adds 346M stored / 600M capacity, about "
+            f"{memory_for_scale('full') / GiB:.0f} GiB of available memory at once (the "
+            f"report rows: {memory_for_scale('report') / GiB:.0f} GiB), and a long run (each "
+            "346M-row buffer takes about a minute to fill). Rows that do not fit in the "
+            "available memory are skipped, saying how much they need; "
+            "conformance/speed_sizes.py lists the rows and computes these figures."
         ),
     )
     group.addoption(

@@ -6,6 +6,7 @@ patched behaviour is asserted, and tests marked ``stock_bug`` show the bug on st
 """
 from __future__ import annotations
 
+import inspect
 import itertools
 import threading
 import warnings
@@ -67,12 +68,37 @@ class Buffer:
     name: str
     build: Callable
     prioritized: bool = False
+    generations: bool = False
 
     def __str__(self):
         return self.name
 
 
-def _td_buffer(storage="lazy", transform=None, sampler=None, ndim=1):
+def _stock_sample():
+    from torchrl.data import TensorDictReplayBuffer
+
+    return reference.stock_attribute(TensorDictReplayBuffer, "sample")
+
+
+def _sample_waits() -> bool:
+    """Whether the installed TorchRL's ``sample`` can wait for data (TorchRL main)."""
+    return "wait" in inspect.signature(_stock_sample()).parameters
+
+
+def _writer_tracks_generations() -> bool:
+    """Whether the installed TorchRL's writers can stamp generations (TorchRL main)."""
+    from torchrl.data import RoundRobinWriter
+
+    return "track_generations" in inspect.signature(RoundRobinWriter.__init__).parameters
+
+
+def _generation_writer():
+    from torchrl.data import TensorDictRoundRobinWriter
+
+    return TensorDictRoundRobinWriter(track_generations=True)
+
+
+def _td_buffer(storage="lazy", transform=None, sampler=None, ndim=1, writer=None):
     def build(pin_memory, prefetch, tmp_path):
         from torchrl.data import LazyMemmapStorage, LazyTensorStorage, TensorDictReplayBuffer
 
@@ -83,6 +109,7 @@ def _td_buffer(storage="lazy", transform=None, sampler=None, ndim=1):
         rb = TensorDictReplayBuffer(
             storage=store,
             sampler=sampler() if sampler else None,
+            writer=writer() if writer else None,
             pin_memory=pin_memory,
             prefetch=prefetch,
             transform=transform() if transform else None,
@@ -159,24 +186,65 @@ BUFFERS = [
     Buffer(
         "PrioritizedReplayBuffer", _prioritized_buffer("PrioritizedReplayBuffer"), prioritized=True
     ),
+    # The writer stamps generations: samples carry an "index_generation" info entry.
+    Buffer(
+        "TensorDictReplayBuffer+generations",
+        _td_buffer(writer=_generation_writer),
+        generations=True,
+    ),
+    Buffer(
+        "TensorDictReplayBuffer+ndim2+generations",
+        _td_buffer(ndim=2, writer=_generation_writer),
+        generations=True,
+    ),
+    Buffer(
+        "TensorDictReplayBuffer+SliceSampler+generations",
+        _td_buffer(sampler=_slice_sampler, writer=_generation_writer),
+        generations=True,
+    ),
 ]
 
 ACCESSES = {
     "sample": lambda rb: [rb.sample() for _ in range(3)],
     "sample-info": lambda rb: [rb.sample(return_info=True) for _ in range(3)],
     "getitem": lambda rb: [rb[torch.tensor([0, 3, 2])], rb[1:3]],
+    # The buffers hold enough data: these go through the readiness check and sample at once.
+    "sample-wait": lambda rb: [rb.sample(wait=True, timeout=60.0) for _ in range(3)],
+    "sample-wait-info": lambda rb: [
+        rb.sample(12, True, wait=True, timeout=60.0, cancel_event=threading.Event())
+        for _ in range(3)
+    ],
 }
+WAITING_ACCESSES = {"sample-wait", "sample-wait-info"}
+
+
+@pytest.fixture
+def waiting_sample():
+    """Skips where stock ``sample`` cannot wait for data."""
+    if not _sample_waits():
+        pytest.skip("this TorchRL's sample() takes no wait/timeout/cancel_event")
+
+
+@pytest.fixture
+def generations():
+    """Skips where stock writers cannot stamp generations."""
+    if not _writer_tracks_generations():
+        pytest.skip("this TorchRL's writers do not track generations (no index_generation)")
 
 
 @pytest.fixture(params=BUFFERS, ids=str)
 def buffer(request):
     if request.param.prioritized:
         request.getfixturevalue("torchrl_extension")
+    if request.param.generations:
+        request.getfixturevalue("generations")
     return request.param
 
 
 @pytest.fixture(params=list(ACCESSES))
 def access(request):
+    if request.param in WAITING_ACCESSES:
+        request.getfixturevalue("waiting_sample")
     return ACCESSES[request.param]
 
 
@@ -245,6 +313,92 @@ def test_prefetch_pins_in_the_worker(fake_accelerator, tmp_path):
     assert data["index"].is_pinned()
 
 
+def test_generator_state_after_sampling_is_stock(fake_accelerator, buffer, access, prefetch, tmp_path):
+    """Pinning draws nothing: after the same samples the generator is where stock leaves it."""
+
+    def rng_after(pin_memory):
+        def scenario():
+            _scenario(buffer, access, pin_memory, prefetch, tmp_path)()
+            return torch.get_rng_state()
+
+        return scenario
+
+    assert torch.equal(run_stock(rng_after(False)), run_patched(rng_after(True)))
+
+
+def test_sample_takes_the_stock_arguments():
+    """The patched TensorDictReplayBuffer.sample has the installed stock's parameters."""
+    from torchrl.data import TensorDictReplayBuffer
+
+    def parameters(func):
+        return [(p.name, p.kind, p.default) for p in inspect.signature(func).parameters.values()]
+
+    assert parameters(TensorDictReplayBuffer.sample) == parameters(_stock_sample())
+
+
+def _empty_td_buffer(pin_memory):
+    from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
+
+    return TensorDictReplayBuffer(storage=LazyTensorStorage(N), pin_memory=pin_memory, batch_size=12)
+
+
+def test_waiting_sample_waits_for_data(fake_accelerator, waiting_sample):
+    """sample(wait=True) on an empty buffer returns once another thread writes, as stock does."""
+    data = _transitions()
+
+    def scenario(pin_memory):
+        def run():
+            rb = _empty_td_buffer(pin_memory)
+            writer = threading.Timer(0.05, rb.extend, (data,))
+            writer.start()
+            try:
+                sample = rb.sample(wait=True, timeout=60.0)
+            finally:
+                writer.join()
+            return sample, torch.get_rng_state()
+
+        return run
+
+    stock = run_stock(scenario(False))
+    patched = run_patched(scenario(True))
+    assert_identical(stock, patched)
+    assert all(leaf.is_pinned() for _, leaf in tensor_leaves(patched[0]))
+
+
+def test_waiting_sample_times_out_and_cancels_as_stock(waiting_sample):
+    """timeout and cancel_event reach the readiness check: the same errors as stock."""
+    cancelled = threading.Event()
+    cancelled.set()
+    calls = [
+        (lambda rb: rb.sample(wait=True, timeout=0.01), TimeoutError, "within 0.01 seconds"),
+        (lambda rb: rb.sample(wait=True, cancel_event=cancelled), RuntimeError, "cancelled"),
+        (lambda rb: rb.sample(wait=True, timeout=-1.0), ValueError, "non-negative"),
+    ]
+    for call, error, message in calls:
+        for run, pin_memory in ((run_stock, False), (run_patched, True)):
+            with pytest.raises(error, match=message):
+                run(lambda call=call, pin_memory=pin_memory: call(_empty_td_buffer(pin_memory)))
+
+
+def test_index_generation_is_pinned(fake_accelerator, generations, prefetch, tmp_path):
+    """The index_generation entry, in the info and written into the sample, is pinned."""
+    build = _td_buffer(sampler=_slice_sampler, writer=_generation_writer)
+
+    def scenario(pin_memory):
+        def run():
+            rb = build(pin_memory, prefetch, tmp_path)
+            return _drained(rb, rb.sample(return_info=True))
+
+        return run
+
+    stock = run_stock(scenario(False))
+    sample, info = run_patched(scenario(True))
+    assert_identical(stock, (sample, info))
+    assert "index_generation" in sample.keys() and "index_generation" in info
+    assert sample["index_generation"].is_pinned()
+    assert info["index_generation"].is_pinned()
+
+
 def test_leaves_on_an_accelerator_are_left_alone(fake_accelerator):
     """Tensors not on the CPU are returned as they are, not pinned (meta stands in for a GPU)."""
     _pin_memory = reference.pin_memory_function()
@@ -296,6 +450,17 @@ def test_stock_leaves_info_unpinned(fake_accelerator, tmp_path):
     assert sample["obs"].is_pinned()
     assert not sample["index"].is_pinned()
     assert not any(leaf.is_pinned() for _, leaf in tensor_leaves(info))
+
+
+@pytest.mark.stock_bug
+def test_stock_leaves_index_generation_unpinned(fake_accelerator, generations, tmp_path):
+    """Stock: the index_generation entry is pinned neither in the info nor in the sample."""
+    sample, info = run_stock(
+        lambda: _td_buffer(writer=_generation_writer)(True, 0, tmp_path).sample(return_info=True)
+    )
+    assert sample["obs"].is_pinned()
+    assert not sample["index_generation"].is_pinned()
+    assert not info["index_generation"].is_pinned()
 
 
 @pytest.mark.cuda

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import torch
+import torchrl.data
 from tensordict import TensorDict
 from torchrl.data import (
     LazyMemmapStorage,
@@ -41,8 +42,10 @@ pytestmark = pytest.mark.skipif(
     _NOT_IN_EFFECT is not None, reason=f"single_gather does not act here ({_NOT_IN_EFFECT})"
 )
 
-# pad_output is new in TorchRL 0.13; init_key and fragmented in 0.14.
+# pad_output is new in TorchRL 0.13; init_key and fragmented in 0.14; output_layout
+# ("batch_time") after 0.14.1 (torchrl-nightly 2026.10.27).
 SLICE_OPTIONS = set(inspect.signature(SliceSampler.__init__).parameters)
+BATCH_TIME = {"output_layout": "batch_time"}
 # TorchRL >= 0.13 marks slice starts in is_init, which it reads from the sampled rows.
 HAS_INIT_MARKER = hasattr(SliceSampler, "_maybe_emit_init_marker")
 SAMPLERS = {
@@ -50,6 +53,9 @@ SAMPLERS = {
     "without_replacement": SliceSamplerWithoutReplacement,
     "prioritized": PrioritizedSliceSampler,
 }
+# StreamingSliceSampler (TorchRL 0.14 on) builds the info of its queued windows
+# with SliceSampler._finalize_index.
+STREAMING = getattr(torchrl.data, "StreamingSliceSampler", None)
 BATCH = 32
 NUM_SLICES = 4
 SAMPLES = 3
@@ -174,7 +180,10 @@ def build_buffer(case: Case, scratch: Path | None):
     options = {"end_key": ("next", "done"), **case.options}
     if case.sampler == "prioritized":
         options = {"max_capacity": CAPACITY, "alpha": 0.7, "beta": 0.5, **options}
-    sampler = SAMPLERS[case.sampler](num_slices=NUM_SLICES, **options)
+    if case.sampler == "streaming":
+        sampler = STREAMING(slice_len=BATCH // NUM_SLICES, **options)
+    else:
+        sampler = SAMPLERS[case.sampler](num_slices=NUM_SLICES, **options)
     if case.storage == "ndim2":
         storage = LazyTensorStorage(CAPACITY, ndim=2)
         batches = episodes(ROWS[case.fill] // NUM_ENVS, num_envs=NUM_ENVS, **case.data).split(
@@ -293,6 +302,64 @@ def _cases() -> list[Case]:
             needs=("fragmented",),
         ),
     ]
+    # The batch_time layout: the sampler returns [num_slices, time] and reads the
+    # init flags of the sampled rows for its is_init marker.
+    for sampler in ("slice", "without_replacement"):
+        for storage in ("tensor", "memmap", "ndim2"):
+            cases.append(Case(sampler, storage, options=BATCH_TIME, needs=("output_layout",)))
+        for options in (
+            {"strict_length": False},
+            {"init_key": None},
+            {"truncated_key": None, "init_key": None},
+        ):
+            cases.append(
+                Case(sampler, "tensor", options={**BATCH_TIME, **options}, needs=("output_layout",))
+            )
+        cases.append(
+            Case(sampler, "ndim2", options={**BATCH_TIME, "strict_length": False}, needs=("output_layout",))
+        )
+        cases.append(
+            Case(sampler, "tensor", fill="wrapped", options=BATCH_TIME, needs=("output_layout",))
+        )
+        cases.append(
+            Case(sampler, "memmap", options=BATCH_TIME, data={"is_init": False}, needs=("output_layout",))
+        )
+        cases.append(Case(sampler, "tensor", buffer="plain", options=BATCH_TIME, needs=("output_layout",)))
+    cases += [
+        Case("slice", "tensor", options={**BATCH_TIME, "cache_values": True}, needs=("output_layout",)),
+        Case(
+            "slice",
+            "tensor",
+            options={**BATCH_TIME, "strict_length": False, "pad_output": True},
+            needs=("output_layout",),
+        ),
+        Case(
+            "slice",
+            "tensor",
+            options={**BATCH_TIME, "span": True, "strict_length": False},
+            needs=("output_layout",),
+        ),
+        Case(
+            "slice",
+            "tensor",
+            options={
+                **BATCH_TIME,
+                "fragmented": True,
+                "traj_key": "episode",
+                "step_key": "step",
+                "end_key": None,
+            },
+            needs=("output_layout",),
+        ),
+    ]
+    # StreamingSliceSampler: fresh windows, then the uniform fallback.
+    cases += [
+        Case("streaming", "tensor"),
+        Case("streaming", "memmap", fill="wrapped"),
+        Case("streaming", "tensor", options={"truncated_key": None}),
+        Case("streaming", "tensor", options={"init_key": None}, data={"is_init": False}),
+        Case("streaming", "tensor", buffer="plain"),
+    ]
     return cases
 
 
@@ -304,6 +371,8 @@ def require(case: Case, request) -> None:
     missing = [option for option in case.needs if option not in SLICE_OPTIONS]
     if missing:
         pytest.skip(f"SliceSampler has no {', '.join(missing)} in this TorchRL")
+    if case.sampler == "streaming" and STREAMING is None:
+        pytest.skip("this TorchRL has no StreamingSliceSampler")
     if case.sampler == "prioritized":
         request.getfixturevalue("torchrl_extension")
 
@@ -356,6 +425,11 @@ READ_CASES = [
     Case("without_replacement", "tensor"),
     Case("prioritized", "tensor"),
     Case("prioritized", "ndim2", options={"strict_length": False}),
+    Case("slice", "tensor", options=BATCH_TIME, needs=("output_layout",)),
+    Case("slice", "ndim2", options={**BATCH_TIME, "strict_length": False}, needs=("output_layout",)),
+    Case("slice", "tensor", options={**BATCH_TIME, "init_key": None}, needs=("output_layout",)),
+    Case("without_replacement", "tensor", options=BATCH_TIME, needs=("output_layout",)),
+    Case("streaming", "tensor"),
 ]
 
 
@@ -384,6 +458,72 @@ def test_stock_gathers_the_sampled_rows_twice(case, request):
     assert _count_gathers(rb) == 2
 
 
+STREAMING_WRITE_CASES = [
+    Case("streaming", "tensor"),
+    Case("streaming", "tensor", fill="wrapped"),
+    Case("streaming", "tensor", options={"traj_key": "episode", "end_key": None}),
+]
+
+
+def _count_write_gathers(rb, entry: Any = ("next", "pixels")) -> int:
+    """How many row gathers one ``rb.extend()`` of 20 rows makes from the stored ``entry``."""
+    stored = rb.storage._storage
+    stored.set(entry, stored.get(entry).as_subclass(GatherCounter), inplace=False)
+    try:
+        GatherCounter.reset()
+        rb.extend(episodes(20, seed=1))
+        return GatherCounter.gathers
+    finally:
+        stored.set(entry, stored.get(entry).as_subclass(torch.Tensor), inplace=False)
+
+
+@pytest.mark.parametrize("case", STREAMING_WRITE_CASES, ids=[case.id for case in STREAMING_WRITE_CASES])
+def test_streaming_write_reads_only_the_boundary_entries(case, request):
+    """StreamingSliceSampler reads the written rows' boundaries on a write, not their images."""
+    require(case, request)
+    rb = build_buffer(case, None)
+    assert _count_write_gathers(rb) == 0
+    assert _count_write_gathers(rb, "is_init") == 1
+    boundary = "episode" if "traj_key" in case.options else ("next", "done")
+    assert _count_write_gathers(rb, boundary) == 1
+
+
+@pytest.mark.stock_bug
+@pytest.mark.parametrize("case", STREAMING_WRITE_CASES, ids=[case.id for case in STREAMING_WRITE_CASES])
+def test_stock_streaming_write_gathers_the_written_rows(case, request):
+    """Stock: StreamingSliceSampler gathers every entry of the rows just written."""
+    require(case, request)
+    with reference.stock():
+        rb = build_buffer(case, None)
+    assert _count_write_gathers(rb) == 1
+
+
+@pytest.mark.parametrize(
+    "options", [{}, {"traj_key": "episode", "end_key": None}], ids=["end_key", "traj_key"]
+)
+def test_streaming_writes_queue_the_stock_windows(options, request):
+    """Writes interleaved with samples: the queued windows, hence the samples, are stock's.
+
+    Each write ends inside an episode (its last done flag is cleared) and the next
+    one starts a new episode: only ``is_init`` (and the ids, with a trajectory key)
+    tells the sampler not to join them.
+    """
+    case = Case("streaming", "tensor", options=options)
+    require(case, request)
+
+    def scenario():
+        rb = build_buffer(case, None)
+        out = []
+        for seed in range(4):
+            batch = episodes(30, seed=seed + 10)
+            batch[("next", "done")][-1] = False
+            rb.extend(batch)
+            out.append(rb.sample(return_info=True))
+        return out
+
+    assert_identical(run_stock(scenario), run_patched(scenario))
+
+
 def test_entries_the_info_needs_are_still_read():
     """done, terminated (and is_init, where slice starts are marked) are gathered by the sampler and by the buffer."""
     rb = build_buffer(Case("slice", "tensor"), None)
@@ -391,6 +531,18 @@ def test_entries_the_info_needs_are_still_read():
     for entry in (("next", "done"), ("next", "terminated")):
         assert _count_gathers(rb, entry) == 2, entry
     assert _count_gathers(rb, "is_init") == (2 if HAS_INIT_MARKER else 1)
+
+
+def test_batch_time_reads_only_the_init_flags(request):
+    """The batch_time layout builds no done / terminated info: the sampler reads is_init alone."""
+    case = Case("slice", "tensor", options=BATCH_TIME, needs=("output_layout",))
+    require(case, request)
+    rb = build_buffer(case, None)
+    sample = rb.sample()
+    assert sample.batch_size == (NUM_SLICES, BATCH // NUM_SLICES)
+    assert _count_gathers(rb, "is_init") == 2
+    for entry in (("next", "done"), ("next", "terminated"), "pixels"):
+        assert _count_gathers(rb, entry) == 1, entry
 
 
 @pytest.mark.parametrize("storage", ["tensor", "memmap", "ndim2"])
@@ -466,7 +618,7 @@ def test_changed_target_is_skipped_not_half_applied(monkeypatch):
             registry.activate("single_gather")
         row = registry.status()["single_gather"]
         assert row.state == "skipped"
-        assert row.reason.startswith("target changed: SliceSampler._finalize_index / _get_index")
+        assert row.reason.startswith(f"target changed: SliceSampler.{name} is not the code")
         assert any(issubclass(w.category, torchrl_fixes.FixSkippedWarning) for w in caught)
         assert vars(SliceSampler)[name] is rewritten
         assert vars(PrioritizedSliceSampler)["sample"] is stock_sample
@@ -508,6 +660,8 @@ def test_case_matrix_covers_the_issue():
     for sampler in SAMPLERS:
         assert f"{sampler}-ndim2" in ids and f"{sampler}-memmap" in ids
     for needle in (
+        "output_layout=batch_time",
+        "streaming-",
         "truncated_key=('agent', 'truncated')",
         "truncated_key=truncated",
         "truncated_key=None",

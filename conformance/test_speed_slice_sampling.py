@@ -22,7 +22,8 @@ Groups:
 - ``extend room`` / ``extend wrap``: one write of 1,000 rows, into free room or over
   the oldest rows of a full buffer.
 
-Sizes come from ``--slice-scale`` (``ci``, ``report``, ``full``). Every test here is
+Sizes come from ``--slice-scale`` (``ci``, ``report``, ``full``); the cases of each
+scale, and the memory it needs, are in ``conformance/speed_sizes.py``. Every test here is
 marked ``speed``; deselect them with ``-m "not speed"``. With ``--benchmark-disable``
 each timed operation runs once. ``conformance/speed_report.py`` turns the
 ``--benchmark-json`` output into a stock / patched table.
@@ -31,7 +32,6 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import pytest
 import torch
@@ -42,107 +42,14 @@ from torchrl.data import LazyTensorStorage, ReplayBuffer, SliceSampler, TensorDi
 import torchrl_fixes
 from conformance import reference, timing_in_turn
 from conformance.host_memory import available_memory
+from conformance.speed_sizes import COLD, EXTEND, ONLINE, SEED_TABLE, TDMPC2, Case, GiB, cases_at
 
 pytestmark = [pytest.mark.speed, pytest.mark.usefixtures("slice_threads")]
 
 VARIANTS = timing_in_turn.VARIANTS
-SCALES = ("ci", "report", "full")
 FILL_CHUNK = 5_000_000
 WRITE = 1_000
 TDMPC2_SAMPLES_PER_EPISODE = 50
-TDMPC2_EPISODE_LEN = 500
-GiB = 1 << 30
-
-# Bytes one row takes in the storage, per layout and trajectory key.
-ROW_BYTES = {
-    ("seed", "episode"): 4 + 8,
-    ("seed", "done"): 4 + 1,
-    ("seed", "unnamed"): 4 + 8 + 1,
-    ("online", "episode"): 16 + 8 + 1 + 1,
-    ("online", "done"): 16 + 8 + 1 + 1,
-    ("tdmpc2", "episode"): 4 + 8,
-}
-
-
-@dataclass(frozen=True)
-class Case:
-    """One buffer configuration: layout, trajectory key, sizes, how many timed rounds."""
-
-    layout: str
-    key: str
-    stored: int
-    capacity: int
-    rounds: int
-    scale: str = "ci"
-    episode_len: int = 1_000
-    mode: str = "room"
-
-    @property
-    def id(self) -> str:
-        mode = "" if self.mode == "room" else f"-{self.mode}"
-        return f"{self.key}-{_size(self.stored)}-{_size(self.capacity)}{mode}"
-
-    def scenario(self, operation: str) -> str:
-        return f"{operation} {self.key} {_size(self.stored)}/{_size(self.capacity)}"
-
-    def memory_needed(self, buffers: int = 1) -> int:
-        """``buffers`` storages of the whole capacity, a stock boundary pass over the
-        stored rows, and slack."""
-        return buffers * ROW_BYTES[self.layout, self.key] * self.capacity + 8 * self.stored + GiB
-
-
-def _size(n: int) -> str:
-    return f"{n / 1e6:g}M"
-
-
-KEYS = ("episode", "done")
-
-SEED_TABLE = [
-    *(Case("seed", k, 1_000_000, 1_200_000, rounds=30) for k in KEYS),
-    *(Case("seed", k, 1_000_000, 120_000_000, rounds=30) for k in KEYS),
-    *(Case("seed", k, 5_000_000, 6_000_000, rounds=10, scale="report") for k in KEYS),
-    *(Case("seed", k, 5_000_000, 600_000_000, rounds=10, scale="report") for k in KEYS),
-    *(Case("seed", k, 346_000_000, 600_000_000, rounds=5, scale="full") for k in KEYS),
-]
-ONLINE = [
-    *(Case("online", k, 2_000_000, 3_000_000, rounds=40) for k in KEYS),
-    *(Case("online", k, 40_000_000, 60_000_000, rounds=9, scale="report") for k in KEYS),
-]
-TDMPC2 = [
-    Case("tdmpc2", "episode", 1_000_000, 1_200_000, rounds=5, episode_len=TDMPC2_EPISODE_LEN),
-    Case(
-        "tdmpc2", "episode", 5_000_000, 6_000_000, rounds=3, scale="report",
-        episode_len=TDMPC2_EPISODE_LEN,
-    ),
-]
-# "unnamed": episode ids and done flags both stored, no key named: stock reads the
-# ids, the fix the done flags once every write has shown that they agree.
-COLD_KEYS = (*KEYS, "unnamed")
-COLD = [
-    *(Case("seed", k, 1_000_000, 1_200_000, rounds=9) for k in COLD_KEYS),
-    *(Case("seed", k, 5_000_000, 6_000_000, rounds=5, scale="report") for k in COLD_KEYS),
-    *(Case("seed", k, 346_000_000, 600_000_000, rounds=2, scale="full") for k in COLD_KEYS),
-]
-EXTEND = [
-    *(Case("online", k, 1_000_000, 1_500_000, rounds=200) for k in KEYS),
-    *(Case("online", k, 1_000_000, 1_000_000, rounds=200, mode="wrap") for k in KEYS),
-]
-
-
-def memory_for_scale(scale: str) -> int:
-    """The most memory one benchmark of ``scale`` holds at once (both variants' buffers)."""
-    side_by_side = [
-        case.memory_needed(len(VARIANTS))
-        for cases in (SEED_TABLE, ONLINE, TDMPC2, EXTEND)
-        for case in _cases(cases, scale)
-    ]
-    one_at_a_time = [case.memory_needed() for case in _cases(COLD, scale)]
-    return max(side_by_side + one_at_a_time)
-
-
-def _cases(cases: list[Case], scale: str) -> list[Case]:
-    top = SCALES.index(scale)
-    return [case for case in cases if SCALES.index(case.scale) <= top]
 
 
 def _params(cases: list[Case]) -> list:
@@ -159,7 +66,7 @@ def pytest_generate_tests(metafunc):
         ("cold_case", COLD),
     ):
         if name in metafunc.fixturenames:
-            metafunc.parametrize(name, _params(_cases(cases, scale)), indirect=True)
+            metafunc.parametrize(name, _params(cases_at(cases, scale)), indirect=True)
 
 
 # --- data -------------------------------------------------------------------------

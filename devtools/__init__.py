@@ -1,1 +1,19 @@
-"""Developer tools for torchrl-fixes; not part of the installed package."""
+"""Development tooling of the torchrl-fixes repository; not part of the installed package.
+
+``import torchrl_fixes`` needs none of this. These modules work in a clone of the
+repository, beside the conformance suite (``conformance/``) and the upstream diffs
+(``patches/``), and are run as ``python -m devtools <command>`` from its root:
+
+- ``bench`` (:mod:`devtools.speed_comparison`): stock against patched TorchRL timed
+  on this machine, with the suite's speed benchmarks; a table, a plot and the raw
+  ``bench.json``;
+- ``compare`` (:mod:`devtools.pinned_sample_report`): what stock and patched
+  ``pin_memory=True`` buffers return, side by side;
+- ``export-patches`` and ``patched-copy`` (:mod:`devtools.upstream_patches`): the
+  upstream diffs written from the runtime fixes, and a copy of the installed TorchRL
+  with them applied;
+- :mod:`devtools.torchrl_suite`, a pytest plugin (``-p devtools.torchrl_suite``) that
+  applies the fixes before TorchRL's own test suite imports TorchRL, and
+  :mod:`devtools.compare_junit`, which lists the tests that pass on stock and not with
+  the fixes (``devtools/run_torchrl_suite.sh`` runs both).
+"""

@@ -1,4 +1,4 @@
-"""``python -m torchrl_fixes`` prints the status table."""
+"""``python -m torchrl_fixes``: the status table, its own options, and where the tooling went."""
 from __future__ import annotations
 
 import importlib.metadata
@@ -7,21 +7,27 @@ import pytest
 from packaging.version import Version
 
 import torchrl_fixes
+from torchrl_fixes import __main__ as cli
 
 
 @pytest.fixture(scope="module")
 def runs(spawn_python, finish_process):
-    """The default command and a bogus one, run in parallel subprocesses."""
+    """The commands below, run in parallel subprocesses."""
     started = {
         "default": spawn_python("-m", "torchrl_fixes"),
+        "status": spawn_python("-m", "torchrl_fixes", "status"),
         "bogus": spawn_python("-m", "torchrl_fixes", "bogus"),
+        "status --full": spawn_python("-m", "torchrl_fixes", "status", "--full"),
+        "bench --full": spawn_python("-m", "torchrl_fixes", "bench", "--full"),
+        "bogus env": spawn_python("-m", "torchrl_fixes", torchrl_fixes_env="bogus"),
     }
     return {case: finish_process(process) for case, process in started.items()}
 
 
-def test_status_table(runs):
+@pytest.mark.parametrize("case", ["default", "status"])
+def test_status_table(runs, case):
     """The table names every fix as applied, under the TorchRL and tensordict versions."""
-    run = runs["default"]
+    run = runs[case]
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
     torchrl = Version(importlib.metadata.version("torchrl"))
@@ -33,10 +39,48 @@ def test_status_table(runs):
         assert rows[0][1] == "applied"
 
 
-def test_bogus_command_is_rejected(runs):
-    """An unknown command is an argparse usage error."""
-    run = runs["bogus"]
+@pytest.mark.parametrize("case, bad", [("bogus", "bogus"), ("status --full", "--full")])
+def test_unknown_commands_and_options_are_rejected(runs, case, bad):
+    """An unknown command, or an option the command does not take, is a usage error."""
+    run = runs[case]
     assert run.returncode == 2
     assert run.stdout == ""
-    assert "bogus" in run.stderr
-    assert "usage:" in run.stderr
+    assert bad in run.stderr
+    assert "usage: python -m torchrl_fixes" in run.stderr
+    assert "Traceback" not in run.stderr
+
+
+def test_moved_command_says_where_it_went_in_one_line(runs):
+    run = runs["bench --full"]
+    assert run.returncode == 2
+    assert run.stdout == ""
+    assert run.stderr.strip().splitlines() == [
+        "python -m torchrl_fixes bench: bench (time stock against patched TorchRL) is "
+        "development tooling: run `python -m devtools bench` in a clone of the repository"
+    ]
+
+
+def test_bogus_environment_variable_is_named_without_a_traceback(runs):
+    run = runs["bogus env"]
+    assert run.returncode == 0, run.stderr
+    assert "Traceback" not in run.stderr
+    for text in (run.stderr, run.stdout):
+        assert "TORCHRL_FIXES='bogus'" in text
+        assert all(name in text for name in torchrl_fixes.fix_names())
+
+
+@pytest.mark.parametrize("command", sorted(cli.DEVTOOLS))
+def test_every_moved_command_exits_2(command, capsys):
+    assert cli.main([command, "--anything"]) == 2
+    err = capsys.readouterr().err
+    assert f"`python -m devtools {command}`" in err and len(err.splitlines()) == 1
+
+
+def test_the_console_script_names_itself(monkeypatch, capsys):
+    monkeypatch.setattr("sys.argv", ["/venv/bin/torchrl-fixes", "--help"])
+    with pytest.raises(SystemExit) as exit_:
+        cli.main()
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.startswith("usage: torchrl-fixes ")
+    monkeypatch.setattr("sys.argv", ["/repo/torchrl_fixes/__main__.py"])
+    assert cli._prog() == "python -m torchrl_fixes"

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import torchrl_fixes
-from torchrl_fixes import upstream_patches
+from devtools import upstream_patches
 from torchrl_fixes.fixes import pinned_sample_output as pinned
 from torchrl_fixes.fixes.slice_boundary_index import INLINE_HOOKS, SliceBoundaryIndex
 from torchrl_fixes.source_fingerprint import fingerprint_source, source_fingerprint
@@ -204,7 +204,7 @@ def _definitions_without_docstrings(source: str) -> dict[str, str]:
 
 def test_export_check_names_a_stale_patch(tmp_path, capsys):
     """``export-patches --check`` exits 0 on patches/ and 1, naming the file, on a stale copy."""
-    from torchrl_fixes.__main__ import main
+    from devtools.__main__ import main
 
     assert main(["export-patches", "--check"]) == 0
     for patch in PATCHES.glob("*.patch"):

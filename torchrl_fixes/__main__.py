@@ -1,121 +1,65 @@
-"""Command line: ``python -m torchrl_fixes [status|compare|bench|export-patches]``.
+"""Command line: ``python -m torchrl_fixes [status]`` (or the ``torchrl-fixes`` script).
 
-``status`` (the default) prints, for each fix, whether it is applied and why not.
-``compare`` runs the same replay-buffer scenarios on stock and patched TorchRL in
-this process and prints what each returns. ``bench`` times stock against patched
-TorchRL on this machine and writes a table and a plot
-(:mod:`torchrl_fixes.speed_comparison`). ``export-patches`` writes the upstream
-diffs of ``patches/`` from the runtime fixes (:mod:`torchrl_fixes.upstream_patches`);
-with ``--check`` it only says which are out of date, and exits 1 if any is.
+``status`` (the default) prints, for each fix, whether it is applied and why not,
+and the configurations an applied fix leaves to stock code. The development tools
+(benchmarks, the side-by-side comparison, the upstream patches) are not part of the
+installed package: they run from a clone of the repository as ``python -m devtools``,
+and asking this command for one says so.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
+# Commands that moved to the repository's development tooling.
+DEVTOOLS = {
+    "bench": "time stock against patched TorchRL",
+    "compare": "show stock and patched pin_memory=True output side by side",
+    "export-patches": "write the upstream diffs",
+    "patched-copy": "copy TorchRL with the upstream diffs applied",
+}
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m torchrl_fixes",
-        description="Fixes for TorchRL's replay buffers: status and stock-vs-patched comparison.",
-    )
-    parser.add_argument(
-        "command",
-        nargs="?",
-        default="status",
-        choices=("status", "compare", "bench", "export-patches", "patched-copy"),
-        help="status: which fixes are applied and why not (default); "
-        "compare: run stock and patched TorchRL side by side; "
-        "bench: time stock against patched TorchRL here, write a table and a plot; "
-        "export-patches: write the upstream diffs of patches/ from the runtime fixes; "
-        "patched-copy DEST: copy the installed TorchRL into DEST and apply patches/",
-    )
-    bench = parser.add_argument_group("bench")
-    bench.add_argument(
-        "--full",
-        action="store_true",
-        help="add 346M stored transitions in a 600M buffer (about 18 GiB of memory)",
-    )
-    bench.add_argument(
-        "--out", default="results", help="results folder (default: %(default)s)"
-    )
-    bench.add_argument(
-        "--threads", type=int, default=1, help="torch threads while timing (default: %(default)s)"
-    )
-    bench.add_argument(
-        "--compare",
-        metavar="BASELINE_JSON",
-        help="fail when a scenario's speed-up falls more than --margin below this earlier run's",
-    )
-    bench.add_argument(
-        "--margin", type=float, default=0.3, help="allowed fall of a speed-up (default: 0.3)"
-    )
-    bench.add_argument(
-        "--json", action="store_true", help="print the results as JSON instead of a table"
-    )
-    parser.add_argument("dest", nargs="?", help="patched-copy: the folder to copy TorchRL into")
-    export = parser.add_argument_group("export-patches")
-    export.add_argument(
-        "--check",
-        action="store_true",
-        help="write nothing; exit 1 if a patch in the folder is not what the fixes write",
-    )
-    export.add_argument(
-        "--patches", default=None, help="the patches folder (default: the repository's patches/)"
-    )
-    args = parser.parse_args(argv)
 
-    if args.command in ("patched-copy", "export-patches"):
-        from pathlib import Path
+def _prog() -> str:
+    script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    if not script or script in ("__main__.py", "-c", "-m"):
+        return "python -m torchrl_fixes"
+    return script
 
-        from torchrl_fixes import upstream_patches
 
-        if args.command == "patched-copy" and not args.dest:
-            parser.error("patched-copy needs DEST, the folder to copy TorchRL into")
-        out = Path(args.patches) if args.patches else upstream_patches.PATCHES_DIR
-        try:
-            if args.command == "patched-copy":
-                print(upstream_patches.patched_copy(Path(args.dest), out))
-                return 0
-            changed = upstream_patches.export(out, check=args.check)
-        except upstream_patches.ExportError as err:
-            print(f"python -m torchrl_fixes {args.command}: {err}", file=sys.stderr)
-            return 2
-        if args.check:
-            for name in changed:
-                print(f"{out / name}: out of date (run python -m torchrl_fixes export-patches)")
-            return 1 if changed else 0
-        for name in changed:
-            print(f"wrote {out / name}")
-        if not changed:
-            print(f"{out}: every patch is up to date")
-        return 0
+def parser(prog: str | None = None) -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(
+        prog=prog or _prog(),
+        description="Fixes for TorchRL's replay buffers: which are applied here, and why not.",
+        epilog="Benchmarks, the stock-vs-patched comparison and the upstream patches are "
+        "development tooling: `python -m devtools --help` in a clone of the repository.",
+    )
+    commands = top.add_subparsers(dest="command", metavar="COMMAND")
+    commands.add_parser(
+        "status",
+        help="which fixes are applied and why not (the default)",
+        description="For each fix: applied, skipped or inactive, and why; then what stock "
+        "code still runs for. TORCHRL_FIXES chooses the fixes (0 / off: none).",
+    )
+    return top
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    prog = prog or _prog()
+    if argv and argv[0] in DEVTOOLS:
+        print(
+            f"{prog} {argv[0]}: {argv[0]} ({DEVTOOLS[argv[0]]}) is development tooling: "
+            f"run `python -m devtools {argv[0]}` in a clone of the repository",
+            file=sys.stderr,
+        )
+        return 2
+    parser(prog).parse_args(argv)
 
     import torchrl_fixes
 
-    if args.command == "bench":
-        from torchrl_fixes import speed_comparison
-
-        print(torchrl_fixes.status(), file=sys.stderr if args.json else sys.stdout)
-        try:
-            return speed_comparison.run(
-                args.out,
-                full=args.full,
-                threads=args.threads,
-                compare=args.compare,
-                margin=args.margin,
-                as_json=args.json,
-            )
-        except speed_comparison.SpeedComparisonError as err:
-            print(f"python -m torchrl_fixes bench: {err}", file=sys.stderr)
-            return 2
-
     print(torchrl_fixes.status())
-    if args.command == "compare":
-        from torchrl_fixes.pinned_sample_report import compare_pinned_samples
-
-        print()
-        print(compare_pinned_samples())
     return 0
 
 

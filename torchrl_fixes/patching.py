@@ -6,10 +6,16 @@ the patch puts the very same object (identity, not a copy) back in place.
 """
 from __future__ import annotations
 
+import functools
 import importlib
+import inspect
+import itertools
+import linecache
+import textwrap
 import threading
+import types
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Sequence
 
 _MISSING = object()
 
@@ -169,3 +175,91 @@ def get_original(owner: Any, name: str) -> Any:
             return record.original
     # Inherited before the patch: the original is what lookup finds past the owner.
     return _stored_in(owner.__mro__[1:], owner, name)
+
+
+_wrapper_serial = itertools.count()
+
+
+class _SourceText(str):
+    """A default value written into generated source as the expression it holds."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def wrap_with_statements(
+    original: Callable,
+    before: Sequence[str] = (),
+    after: Sequence[str] = (),
+    namespace: dict[str, Any] | None = None,
+) -> Callable:
+    r"""A function that runs ``before``, then ``original``, then ``after``.
+
+    The one way a fix wraps a method: the statements are the very lines an upstream
+    patch writes at the top and at the end of the method's body, so the runtime fix
+    and the diff run the same code. The wrapper has ``original``'s signature (its
+    arguments are passed on as they came), its statements see the arguments by name
+    and the names of ``namespace`` (its globals), a statement of ``before`` may ``return`` early,
+    and what ``original`` returned is returned. Its source is registered with
+    :mod:`linecache`, so :func:`inspect.getsource` and tracebacks show it.
+
+    Args:
+        original (Callable): the stock function.
+        before (sequence of str): statements run before it.
+        after (sequence of str): statements run after it.
+        namespace (dict, optional): the globals the statements run with, usually a
+            module's ``vars()``.
+
+    Examples:
+        >>> def scale(x, factor=2):
+        ...     return x * factor
+        >>> logged = []
+        >>> wrapped = wrap_with_statements(
+        ...     scale, before=["if x < 0:\n    return 0"], after=["logged.append(x)"],
+        ...     namespace={"logged": logged})
+        >>> wrapped(3), wrapped(-1), wrapped(3, factor=10), logged
+        (6, 0, 30, [3, 3])
+    """
+    signature = inspect.signature(original)
+    defaults = {n: p.default for n, p in signature.parameters.items() if p.default is not p.empty}
+    params = [
+        p.replace(
+            annotation=p.empty,
+            default=p.empty if p.default is p.empty else _SourceText(f"__defaults__[{n!r}]"),
+        )
+        for n, p in signature.parameters.items()
+    ]
+    kinds = inspect.Parameter
+    call = [
+        {
+            kinds.VAR_POSITIONAL: f"*{n}",
+            kinds.VAR_KEYWORD: f"**{n}",
+            kinds.KEYWORD_ONLY: f"{n}={n}",
+        }.get(p.kind, n)
+        for n, p in signature.parameters.items()
+    ]
+    params = str(inspect.Signature(params))[1:-1]
+    body = [*before, f"__result__ = original({', '.join(call)})", *after, "return __result__"]
+    name = original.__name__
+    source = (
+        "def __make__(original, __defaults__):\n"
+        f"    def {name}({params}):\n"
+        + textwrap.indent("\n".join(body), " " * 8)
+        + f"\n    return {name}\n"
+    )
+    filename = f"<torchrl_fixes wrapper {next(_wrapper_serial)}: {original.__qualname__}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    scratch: dict[str, Any] = {}
+    exec(compile(source, filename, "exec"), scratch)
+    made = scratch["__make__"](original, defaults)
+    # The statements run in the namespace itself, not a copy: a later change to a
+    # name there (a test's monkeypatch) is seen, and torch.compile can guard on it.
+    wrapper = types.FunctionType(
+        made.__code__,
+        namespace if namespace is not None else {},
+        name,
+        made.__defaults__,
+        made.__closure__,
+    )
+    wrapper.__kwdefaults__ = made.__kwdefaults__
+    return functools.wraps(original)(wrapper)

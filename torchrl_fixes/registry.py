@@ -36,7 +36,7 @@ class TargetChanged(Exception):
 
 
 def stock_function(owner: Any, name: str, fingerprints: Collection[str]) -> types.FunctionType:
-    """``owner.name`` as stored, checked to be stock code a fix knows.
+    """``owner.name`` as stored (a static method's function), checked to be stock code a fix knows.
 
     The one gate every fix puts on the code it replaces or reproduces: the function
     must be defined on ``owner`` itself and its :func:`source_fingerprint` must be one
@@ -66,6 +66,8 @@ def stock_function(owner: Any, name: str, fingerprints: Collection[str]) -> type
         func, path = vars(owner).get(name), f"{owner.__qualname__}.{name}"
     else:
         func, path = getattr(owner, name, None), name
+    if isinstance(func, staticmethod):
+        func = func.__func__
     if not isinstance(func, types.FunctionType):
         raise TargetChanged(f"{path} is missing")
     if source_fingerprint(func) not in fingerprints:

@@ -30,11 +30,8 @@ checked too. Writing into the storage's tensors directly
 
 Configurations the index does not handle return ``None`` from
 :func:`_boundary_index_boundaries`, and the sampler recovers the boundaries from
-the whole storage as before: storages other than ``TensorStorage`` over a
-TensorDict on CPU, more than two batch dimensions, ``fragmented=True``,
-``compile=True``, ``use_gpu``, static ``ends`` / ``trajectories``, subclasses
-that override the boundary recovery or a write path, and boundary columns whose
-shape or dtype the recovery would reject or squeeze differently.
+the whole storage as before; :func:`fallback_reason` says which one applies to a
+sampler and a storage.
 """
 from __future__ import annotations
 
@@ -99,6 +96,8 @@ class _StorageBoundaryState:
         self.pairs_decided = False
         # whether a sampler that names no key has read this storage
         self.unnamed_samplers = False
+        # done key -> the slice sampler that reads it for TorchRL's sample units
+        self.unit_samplers: dict[Any, Any] = {}
         self.last_source = None
 
     def __getstate__(self):
@@ -660,3 +659,54 @@ def _unseen_writers_reason(state, storage) -> str | None:
     return None
 
 
+
+
+def _unit_sampler(storage, state, done_key):
+    """A slice sampler that reads ``done_key`` as named: what a sample unit's boundaries are."""
+    from torchrl.data.replay_buffers.samplers import SliceSampler
+
+    sampler = state.unit_samplers.get(done_key)
+    if sampler is None:
+        sampler = SliceSampler(num_slices=1, end_key=done_key)
+        sampler._traj_key_auto = False
+        sampler._fetch_traj = False
+        sampler.__dict__[_TRAJ_KEY_NAMED] = True
+        state.unit_samplers[done_key] = sampler
+    return sampler
+
+
+def _seed_episode_boundaries(storage, done_key, device) -> None:
+    """Puts the index's episode boundaries where ``_ReplayBoundaryIndex`` looks first.
+
+    TorchRL's sample units (``Sequence``, ``SubgoalTriplet``) recover episode
+    boundaries from the ``done_key`` flags of the whole storage through
+    ``_ReplayBoundaryIndex``, whose cache lives until the next write. The boundaries
+    of the storage's index are the same, so they are stored in that cache for the
+    storage's current revision: the unit reads them instead of the whole column.
+    """
+    from torchrl.data.replay_buffers import utils
+    from torchrl.data.replay_buffers.storages import TensorStorage
+
+    if done_key is None or device is None or torch.device(device).type != "cpu":
+        return
+    if not isinstance(storage, TensorStorage):
+        return
+    state = _boundary_state(storage)
+    boundaries = _boundary_index_boundaries(_unit_sampler(storage, state, done_key), storage)
+    if boundaries is None:
+        return
+    shape = tuple(storage.shape)
+    key = (
+        utils._freeze_boundary_cache_key(("end", done_key)),
+        shape,
+        len(storage),
+        bool(storage._is_full),
+        utils._boundary_cursor_cache_key(getattr(storage, "_last_cursor_index", None)),
+        str(device),
+    )
+    with utils._REPLAY_BOUNDARY_CACHE_LOCK:
+        revision = storage._mutation_revision
+        cached = utils._REPLAY_BOUNDARY_CACHE.get(storage)
+        if cached is None or cached[0] != revision:
+            cached = utils._REPLAY_BOUNDARY_CACHE[storage] = (revision, {})
+        cached[1].setdefault(key, (shape[0], boundaries, None))

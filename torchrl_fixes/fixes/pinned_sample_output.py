@@ -14,9 +14,15 @@ returns unpinned data, as :class:`torch.utils.data.DataLoader` does. Pinning
 still runs inside ``_sample``, so with ``prefetch`` it happens in the prefetch
 worker, off the training thread.
 
-The functions below are TorchRL's own, changed where the fix needs it; they are
-what the upstream patch puts in ``torchrl/data/replay_buffers/utils.py`` and
-``TensorDictReplayBuffer.sample``.
+On TorchRL main (torchrl-nightly 2026.10.27), ``TensorDictReplayBuffer.sample``
+also takes ``wait``, ``timeout`` and ``cancel_event``, and a writer built with
+``track_generations=True`` adds an ``index_generation`` info entry: the fix
+replaces that ``sample`` with one taking the same arguments and passing them on
+as stock does, and pins ``index_generation`` like every other info entry.
+
+The functions below are TorchRL's own, changed where the fix needs it, one
+``sample`` per stock variant; the 0.14.1 ones are what the upstream patch puts in
+``torchrl/data/replay_buffers/utils.py`` and ``TensorDictReplayBuffer.sample``.
 """
 from __future__ import annotations
 
@@ -31,6 +37,7 @@ from tensordict.utils import expand_as_right
 
 from torchrl_fixes.patching import Replacement
 from torchrl_fixes.registry import Fix, TargetChanged, stock_function
+from torchrl_fixes.source_fingerprint import source_fingerprint
 from torchrl_fixes.warning_categories import PinMemoryUnavailableWarning, warn_at_caller
 
 try:
@@ -184,6 +191,93 @@ def _tensordict_replay_buffer_sample(__class__: type) -> Callable:
     return sample
 
 
+def _tensordict_replay_buffer_sample_blocking(__class__: type) -> Callable:
+    # The same fix over the stock ``sample`` that can wait for data (``wait``,
+    # ``timeout``, ``cancel_event``), as TorchRL main has it.
+
+    def sample(
+        self,
+        batch_size: int | None = None,
+        return_info: bool = False,
+        include_info: bool | None = None,
+        *,
+        wait: bool = False,
+        timeout: float | None = None,
+        cancel_event: Any | None = None,
+    ) -> TensorDictBase:
+        """Samples a batch of data from the replay buffer.
+
+        Uses Sampler to sample indices, and retrieves them from Storage.
+
+        Args:
+            batch_size (int, optional): size of data to be collected. If none
+                is provided, this method will sample a batch-size as indicated
+                by the sampler.
+            return_info (bool): whether to return info. If True, the result
+                is a tuple (data, info). If False, the result is the data.
+            include_info (bool, optional): deprecated alias for ``return_info``.
+            wait (bool, optional): if ``True``, wait for enough replay items
+                instead of failing immediately. Defaults to ``False``.
+            timeout (float, optional): maximum number of seconds to wait when
+                ``wait=True``. ``None`` waits indefinitely.
+            cancel_event (optional): event-like object exposing ``is_set()``.
+                Setting it cancels a blocking sample.
+
+        Returns:
+            A tensordict containing a batch of data selected in the replay buffer.
+            A tuple containing this tensordict and info if return_info flag is set to True.
+        """
+        if include_info is not None:
+            warnings.warn(
+                "include_info is going to be deprecated soon."
+                "The default behavior has changed to `include_info=True` "
+                "to avoid bugs linked to wrongly preassigned values in the "
+                "output tensordict."
+            )
+
+        data, info = super().sample(
+            batch_size,
+            return_info=True,
+            wait=wait,
+            timeout=timeout,
+            cancel_event=cancel_event,
+        )
+        is_tc = is_tensor_collection(data)
+        if is_tc and not is_tensorclass(data) and include_info in (True, None):
+            is_locked = data.is_locked
+            if is_locked:
+                data.unlock_()
+            pin_info = self._pin_memory and _pin_memory_available()
+            for key, val in info.items():
+                if key == "index" and isinstance(val, tuple):
+                    val = torch.stack(val, -1)
+                try:
+                    val = _to_torch(val, data.device)
+                    if pin_info:
+                        # entries built here (the stacked index) are not pinned by _sample
+                        val = _pin_memory(val)
+                    if val.ndim < data.ndim:
+                        val = expand_as_right(val, data)
+                    data.set(key, val)
+                except RuntimeError:
+                    raise RuntimeError(
+                        "Failed to set the metadata (e.g., indices or weights) in the sampled tensordict within TensorDictReplayBuffer.sample. "
+                        "This is probably caused by a shape mismatch (one of the transforms has probably modified "
+                        "the shape of the output tensordict). "
+                        "You can always recover these items from the `sample` method from a regular ReplayBuffer "
+                        "instance with the 'return_info' flag set to True."
+                    )
+            if is_locked:
+                data.lock_()
+        elif not is_tc and include_info in (True, None):
+            raise RuntimeError("Cannot include info in non-tensordict data")
+        if return_info:
+            return data, info
+        return data
+
+    return sample
+
+
 def _decorator_of(wrapper: types.FunctionType) -> Callable | None:
     """The module-level decorator that made ``wrapper`` (``_maybe_delay_init``), if any."""
     qualname = wrapper.__code__.co_qualname
@@ -252,11 +346,22 @@ class PinnedSampleOutput(Fix):
     )
     stock_classes = ("torchrl.data.replay_buffers.ReplayBuffer",)
 
-    # Fingerprints of the stock code this fix was written against (0.11.1 to 0.14.1).
+    # Fingerprints of the stock code this fix was written against: 0.11.1 to 0.14.1,
+    # and torchrl-nightly 2026.10.27 (TorchRL main), where only
+    # TensorDictReplayBuffer.sample differs.
     stock_fingerprints = {
-        "pin_memory_output": {"00f217e53bcd60d6"},
-        "_pin_memory": {"fe2edbb01bceb61d"},
-        "TensorDictReplayBuffer.sample": {"1586db08ca9d097b"},
+        "pin_memory_output": {"00f217e53bcd60d6"},  # 0.11.1 to 0.14.1, nightly 2026.10.27
+        "_pin_memory": {"fe2edbb01bceb61d"},  # 0.11.1 to 0.14.1, nightly 2026.10.27
+        "TensorDictReplayBuffer.sample": {
+            "1586db08ca9d097b",  # 0.11.1 to 0.14.1
+            "4a887fcaecbdef89",  # nightly 2026.10.27: wait, timeout, cancel_event
+        },
+    }
+    # The replacement of each stock TensorDictReplayBuffer.sample: same signature,
+    # same body, info entries pinned.
+    sample_variants = {
+        "1586db08ca9d097b": _tensordict_replay_buffer_sample,
+        "4a887fcaecbdef89": _tensordict_replay_buffer_sample_blocking,
     }
 
     def plan(self) -> list[Replacement]:
@@ -264,21 +369,20 @@ class PinnedSampleOutput(Fix):
             raise TargetChanged(f"cannot import TorchRL's replay buffer utilities ({_IMPORT_ERROR})")
         from torchrl.data.replay_buffers import ReplayBuffer, TensorDictReplayBuffer
 
-        for owner, path in (
-            (_rb_utils, "pin_memory_output"),
-            (_rb_utils, "_pin_memory"),
-            (TensorDictReplayBuffer, "TensorDictReplayBuffer.sample"),
-        ):
-            stock_function(owner, path.rpartition(".")[2], self.stock_fingerprints[path])
+        stock = {
+            path: stock_function(owner, path.rpartition(".")[2], self.stock_fingerprints[path])
+            for owner, path in (
+                (_rb_utils, "pin_memory_output"),
+                (_rb_utils, "_pin_memory"),
+                (TensorDictReplayBuffer, "TensorDictReplayBuffer.sample"),
+            )
+        }
+        sample = self.sample_variants[source_fingerprint(stock["TensorDictReplayBuffer.sample"])]
         stock_code = _rb_utils.pin_memory_output(lambda self: None).__code__
 
         replacements = [
             Replacement(_rb_utils, "pin_memory_output", pin_memory_output),
-            Replacement(
-                TensorDictReplayBuffer,
-                "sample",
-                _tensordict_replay_buffer_sample(TensorDictReplayBuffer),
-            ),
+            Replacement(TensorDictReplayBuffer, "sample", sample(TensorDictReplayBuffer)),
         ]
         for cls in _torchrl_subclasses(ReplayBuffer):
             for attr, method in vars(cls).items():

@@ -4,24 +4,36 @@ To build its info (truncated / done / terminated / is_init), stock
 :class:`~torchrl.data.replay_buffers.SliceSampler` reads ``storage[index]``: every
 entry of every sampled row is gathered, and the replay buffer then gathers them
 all again to return the sample. On image data a slice sample costs 1.7-4.8x a
-random sample of the same size (TorchRL 0.10.1 to 0.14.1).
+random sample of the same size (TorchRL 0.10.1 to 0.14.1, and main).
 :class:`~torchrl.data.replay_buffers.PrioritizedSliceSampler` does the same, and
 :class:`~torchrl.data.replay_buffers.SliceSamplerWithoutReplacement` inherits it.
+TorchRL main (torchrl-nightly 2026.10.27) adds an ``output_layout="batch_time"``
+layout, whose info (slice_end, mask, is_init) is again built from the full rows.
+:class:`~torchrl.data.replay_buffers.samplers.StreamingSliceSampler` (0.14 on)
+also gathers every entry of the rows of each write to find its windows.
 
 With this fix the samplers read only the entries they use (done, terminated and
 the init key when the storage has them) from a
 :class:`~torchrl.data.replay_buffers.TensorStorage` that holds a
 :class:`~tensordict.TensorDict`; the buffer's gather is the only full read. The
-info is exactly what stock builds. Other storages (lists, tensorclasses, storages
-of your own that change how rows are read) keep the stock ``storage[index]``.
+info is exactly what stock builds. The storages that keep the stock
+``storage[index]`` are listed in :attr:`SingleGather.fallbacks` (``status()``
+prints the list).
 
 The functions below are TorchRL's own, changed where the fix needs it: TorchRL
-0.14 builds the info in ``SliceSampler._finalize_index``, 0.11 to 0.13 in
+0.14 and main build the info in ``SliceSampler._finalize_index`` (main's adds the
+batch_time layout in front of 0.14's code), 0.11 to 0.13 in
 ``SliceSampler._get_index``; ``PrioritizedSliceSampler.sample`` is the same in
-every release.
+every release. ``StreamingSliceSampler.mark_update`` is the stock method with its
+one read edited (:func:`_derived`). Each is chosen by the fingerprint of the
+installed stock code.
 """
 from __future__ import annotations
+import __future__
 
+import inspect
+import linecache
+import textwrap
 import types
 from collections.abc import Sequence
 from typing import Any
@@ -32,9 +44,8 @@ from packaging.specifiers import SpecifierSet
 from tensordict import TensorDict
 from tensordict.utils import NestedKey
 
-from torchrl_fixes import patching
 from torchrl_fixes.patching import Replacement
-from torchrl_fixes.registry import Fix, TargetChanged
+from torchrl_fixes.registry import Fix, TargetChanged, stock_function
 from torchrl_fixes.source_fingerprint import source_fingerprint
 
 try:
@@ -55,6 +66,10 @@ except ImportError as err:  # a TorchRL whose layout this fix does not know
     _IMPORT_ERROR = err
 else:
     _IMPORT_ERROR = None
+try:  # TorchRL 0.14 on
+    from torchrl.data.replay_buffers.samplers import StreamingSliceSampler
+except ImportError:
+    StreamingSliceSampler = None
 
 
 def _defined_by(cls: type, name: str) -> type | None:
@@ -124,6 +139,78 @@ def _read_entries(
     return data[index]
 
 
+def _read_written_entries(sampler, storage: Storage, index: torch.Tensor) -> Any:
+    """The rows ``StreamingSliceSampler.mark_update`` reads from a write, restricted to the entries it uses.
+
+    The sampler reads the trajectory ids, the end flags and ``"is_init"`` of the
+    rows just written. From a tensor storage holding a
+    :class:`~tensordict.TensorDict`, only these entries are gathered; the
+    trajectory key is resolved first, to know which entry holds the ids
+    (``mark_update`` then finds it resolved). Any other storage returns
+    ``storage.get(index)``.
+
+    Args:
+        sampler (StreamingSliceSampler): the sampler notified of the write.
+        storage (Storage): the storage written to.
+        index (torch.Tensor): the rows written.
+    """
+    if not _reads_tensordict(storage):
+        return storage.get(index)
+    if getattr(sampler, "_traj_key_auto", False):
+        sampler._resolve_traj_key(storage)
+    keys = [sampler.traj_key if sampler._fetch_traj else None, "is_init"]
+    keys.extend(sampler.end_keys or (sampler.end_key,))
+    return _read_entries(storage, index, keys)
+
+
+def _derived(stock: types.FunctionType, edits: Sequence[tuple[str, str]], **names: Any) -> types.FunctionType:
+    """``stock`` with its source edited: each ``(old, new)`` text must be found exactly once.
+
+    The new function is compiled in ``stock``'s module (its globals, its ``super()``
+    class) and also sees ``names``. ``stock`` must have passed the fingerprint gate,
+    so the edits are made to known code.
+
+    Raises:
+        TargetChanged: an edit does not apply exactly once.
+
+    Examples:
+        >>> def twice(x):
+        ...     return x * 2
+        >>> thrice = _derived(twice, [("x * 2", "x * factor")], factor=3)
+        >>> thrice(2)
+        6
+    """
+    source = textwrap.dedent(inspect.getsource(stock))
+    for old, new in edits:
+        if source.count(old) != 1:
+            raise TargetChanged(f"{stock.__qualname__}: {old.strip()!r} is not found once")
+        source = source.replace(old, new)
+    cells = dict(zip(stock.__code__.co_freevars, [c.cell_contents for c in stock.__closure__ or ()]))
+    free = {**cells, **names}
+    factory = (
+        f"def _factory({', '.join(free)}):\n"
+        f"{textwrap.indent(source, '    ')}\n"
+        f"    return {stock.__name__}\n"
+    )
+    filename = f"<torchrl_fixes single_gather {stock.__module__}.{stock.__qualname__}>"
+    linecache.cache[filename] = (len(factory), None, factory.splitlines(True), filename)
+    code = compile(factory, filename, "exec", flags=__future__.annotations.compiler_flag, dont_inherit=True)
+    namespace: dict[str, Any] = {}
+    exec(code, stock.__globals__, namespace)
+    func = namespace["_factory"](*free.values())
+    func.__qualname__ = stock.__qualname__
+    return func
+
+
+def _streaming_mark_update(stock: types.FunctionType) -> types.FunctionType:
+    """``StreamingSliceSampler.mark_update``, reading only the entries of the written rows it uses."""
+    return _derived(
+        stock,
+        [("data = storage.get(storage_index)", "data = _read_written_entries(self, storage, storage_index)")],
+        _read_written_entries=_read_written_entries,
+    )
+
+
 def _finalize_index(
     self,
     *,
@@ -188,6 +275,83 @@ def _finalize_index(
         info, st_index, num_slices, seq_length, target_seq_length
     )
     return index, info
+
+
+def _finalize_index_batch_time(
+    self,
+    *,
+    index: torch.Tensor,
+    num_slices: int,
+    seq_length: int | torch.Tensor,
+    target_seq_length: int | None,
+    mask_flat: torch.Tensor | None,
+    storage: Storage,
+) -> tuple[tuple[torch.Tensor, ...], dict[str, Any]]:
+    """``SliceSampler._finalize_index`` of TorchRL main, reading only the entries the info needs.
+
+    TorchRL main adds the ``output_layout="batch_time"`` layout in front of the
+    0.14 code, which follows unchanged (:func:`_finalize_index`).
+    """
+    if self.output_layout == "batch_time":
+        time_size = (
+            target_seq_length
+            if target_seq_length is not None
+            else seq_length
+            if isinstance(seq_length, int)
+            else None
+        )
+        if time_size is None or index.shape[0] != num_slices * time_size:
+            raise RuntimeError(
+                "Could not form a stable batch-time SliceSampler output. "
+                f"output_layout={self.output_layout!r}, "
+                f"strict_length={self.strict_length}, "
+                f"pad_output={self.pad_output}, num_slices={num_slices}, "
+                f"seq_length_shape={getattr(seq_length, 'shape', None)}, "
+                f"target_seq_length={target_seq_length}, "
+                f"index_shape={tuple(index.shape)}. Please report this "
+                "issue with the sampler configuration."
+            )
+        if not self.strict_length and mask_flat is None:
+            mask_flat = torch.ones(
+                index.shape[0], dtype=torch.bool, device=index.device
+            )
+
+        slice_end = torch.zeros(
+            (index.shape[0], 1), dtype=torch.bool, device=index.device
+        )
+        if isinstance(seq_length, int):
+            slice_end.view(num_slices, time_size)[:, seq_length - 1] = True
+        else:
+            positions = torch.arange(
+                num_slices, device=seq_length.device
+            ) * time_size + (seq_length - 1).clamp_min(0)
+            slice_end[positions] = True
+
+        flat_index = index.to(torch.long).unbind(-1)
+        # Only the init flags are read here: the buffer gathers the full rows.
+        st_index = _read_entries(storage, flat_index, (self.init_key,))
+        info = {self.slice_end_key: slice_end}
+        if mask_flat is not None:
+            info[("collector", "mask")] = mask_flat
+        self._maybe_emit_init_marker(
+            info, st_index, num_slices, seq_length, target_seq_length
+        )
+
+        index = index.reshape(num_slices, time_size, index.shape[-1])
+        info = {
+            key: value.reshape(num_slices, time_size, *value.shape[1:])
+            for key, value in info.items()
+        }
+        return index.unbind(-1), info
+    return _finalize_index(
+        self,
+        index=index,
+        num_slices=num_slices,
+        seq_length=seq_length,
+        target_seq_length=target_seq_length,
+        mask_flat=mask_flat,
+        storage=storage,
+    )
 
 
 def _get_index_0_13(
@@ -597,11 +761,14 @@ class SingleGather(Fix):
     upstream_issue = "https://github.com/pytorch/rl/issues/2422"
     torchrl_versions = SpecifierSet(">=0.11")
     targets = (
-        "torchrl.data.replay_buffers.samplers.SliceSampler._finalize_index (TorchRL 0.14)",
+        "torchrl.data.replay_buffers.samplers.SliceSampler._finalize_index (TorchRL 0.14, main)",
         "torchrl.data.replay_buffers.samplers.SliceSampler._get_index (TorchRL 0.11 to 0.13)",
         "torchrl.data.replay_buffers.samplers.PrioritizedSliceSampler.sample",
+        "torchrl.data.replay_buffers.samplers.StreamingSliceSampler.mark_update (TorchRL 0.14, main)",
     )
     stock_classes = ("torchrl.data.replay_buffers.samplers.SliceSampler",)
+    # The one list of what runs stock code: status(), the README and the upstream
+    # patch's header show this text.
     fallbacks = (
         "storages other than a TensorStorage holding a TensorDict (lists, tensorclasses, "
         "storages that override get): the sampler reads the full rows"
@@ -611,18 +778,24 @@ class SingleGather(Fix):
     # fingerprint, the stock fingerprint of the _maybe_emit_init_marker it calls
     # or None where there is none, the replacement).
     variants = (
+        # torchrl-nightly 2026.10.27 (TorchRL main): the batch_time layout
+        ("_finalize_index", "e4c6482012fecc92", "c6ecacb2f419f943", _finalize_index_batch_time),
         ("_finalize_index", "dec80b91b8a93985", "c6ecacb2f419f943", _finalize_index),  # 0.14.1
         ("_get_index", "1a637a5ac58f793b", "60f5ba7223d77b67", _get_index_0_13),  # 0.13.3
         ("_get_index", "39dfa19478982190", None, _get_index_0_11),  # 0.11.1, 0.12.0
     )
     # Stock code the replacements rely on without replacing it: how a tensor
-    # storage reads rows (0.11.1 to 0.14.1).
+    # storage reads rows (0.11.1 to 0.14.1, torchrl-nightly 2026.10.27).
     read_fingerprints = {
         "TensorStorage.get": {"2861b0fdf9cf5c02"},
         "LazyTensorStorage.get": {"a28643a6eb0a3753"},
         "LazyMemmapStorage.get": {"27722ae56ca23976"},
     }
-    prioritized_fingerprints = {"3575e5dafe82cf9b"}  # PrioritizedSliceSampler.sample
+    # PrioritizedSliceSampler.sample: 0.11.1 to 0.14.1, torchrl-nightly 2026.10.27.
+    prioritized_fingerprints = {"3575e5dafe82cf9b"}
+    # StreamingSliceSampler.mark_update: 0.14.1, torchrl-nightly 2026.10.27 (the
+    # class is new in 0.14).
+    streaming_fingerprints = {"fabeecdca4cce902"}
 
     @classmethod
     def known_fingerprints(cls) -> dict[str, set[str]]:
@@ -633,68 +806,62 @@ class SingleGather(Fix):
             if marker is not None:
                 known.setdefault("SliceSampler._maybe_emit_init_marker", set()).add(marker)
         known["PrioritizedSliceSampler.sample"] = set(cls.prioritized_fingerprints)
+        known["StreamingSliceSampler.mark_update"] = set(cls.streaming_fingerprints)
         for path, fingerprints in cls.read_fingerprints.items():
             known[path] = set(fingerprints)
         return known
 
+    @staticmethod
+    def _info_builder() -> str:
+        # TorchRL 0.14 and main build the info in _finalize_index, 0.11 to 0.13 in _get_index.
+        return "_finalize_index" if "_finalize_index" in vars(SliceSampler) else "_get_index"
+
     def stock_targets(self) -> dict[str, types.FunctionType | None]:
-        """The installed stock functions this fix replaces or relies on, by path."""
+        """The installed functions this fix replaces or relies on, by path (``None`` where missing)."""
         if _IMPORT_ERROR is not None:
             raise TargetChanged(f"cannot import TorchRL's slice samplers ({_IMPORT_ERROR})")
-
-        def own(cls, name):
-            func = vars(cls).get(name)
-            return func if isinstance(func, types.FunctionType) else None
-
-        def original(cls, name):
-            try:
-                func = patching.get_original(cls, name)
-            except AttributeError:
-                return None
-            return func if isinstance(func, types.FunctionType) else None
-
-        # TorchRL 0.14 builds the info in _finalize_index, 0.11 to 0.13 in _get_index.
-        builder = "_finalize_index" if "_finalize_index" in vars(SliceSampler) else "_get_index"
-        targets = {f"SliceSampler.{builder}": own(SliceSampler, builder)}
-        targets["SliceSampler._maybe_emit_init_marker"] = original(
-            SliceSampler, "_maybe_emit_init_marker"
-        )
-        targets["PrioritizedSliceSampler.sample"] = own(PrioritizedSliceSampler, "sample")
-        for cls in (TensorStorage, LazyTensorStorage, LazyMemmapStorage):
-            targets[f"{cls.__name__}.get"] = original(cls, "get")
+        builder = self._info_builder()
+        targets = {}
+        for owner, name in (
+            (SliceSampler, builder),
+            (SliceSampler, "_maybe_emit_init_marker"),
+            (PrioritizedSliceSampler, "sample"),
+            (StreamingSliceSampler, "mark_update"),
+            (TensorStorage, "get"),
+            (LazyTensorStorage, "get"),
+            (LazyMemmapStorage, "get"),
+        ):
+            if owner is None:  # StreamingSliceSampler before TorchRL 0.14
+                continue
+            func = vars(owner).get(name)
+            targets[f"{owner.__name__}.{name}"] = (
+                func if isinstance(func, types.FunctionType) else None
+            )
         return targets
 
     def plan(self) -> list[Replacement]:
-        stock = self.stock_targets()
-        fingerprints = {
-            path: None if func is None else source_fingerprint(func)
-            for path, func in stock.items()
-        }
-        for path, known in self.read_fingerprints.items():
-            if fingerprints[path] not in known:
-                raise TargetChanged(
-                    f"{path} is not the code this fix reads through (changed upstream)"
-                )
-        variant = next(
-            (v for v in self.variants if fingerprints.get(f"SliceSampler.{v[0]}") == v[1]), None
+        if _IMPORT_ERROR is not None:
+            raise TargetChanged(f"cannot import TorchRL's slice samplers ({_IMPORT_ERROR})")
+        for cls in (TensorStorage, LazyTensorStorage, LazyMemmapStorage):
+            stock_function(cls, "get", self.read_fingerprints[f"{cls.__name__}.get"])
+        builder = self._info_builder()
+        stock = stock_function(
+            SliceSampler, builder, {v[1] for v in self.variants if v[0] == builder}
         )
-        if variant is None:
-            raise TargetChanged(
-                "SliceSampler._finalize_index / _get_index is not the code this fix "
-                "replaces (changed or fixed upstream)"
-            )
-        name, _, marker, new = variant
-        if fingerprints["SliceSampler._maybe_emit_init_marker"] != marker:
-            raise TargetChanged(
-                "SliceSampler._maybe_emit_init_marker is not the code this fix reads "
-                "for (changed upstream)"
-            )
-        if fingerprints["PrioritizedSliceSampler.sample"] not in self.prioritized_fingerprints:
-            raise TargetChanged(
-                "PrioritizedSliceSampler.sample is not the code this fix replaces "
-                "(changed or fixed upstream)"
-            )
-        return [
-            Replacement(SliceSampler, name, new),
+        _, _, marker, new = next(
+            v for v in self.variants if v[0] == builder and v[1] == source_fingerprint(stock)
+        )
+        if marker is not None:
+            stock_function(SliceSampler, "_maybe_emit_init_marker", {marker})
+        stock_function(PrioritizedSliceSampler, "sample", self.prioritized_fingerprints)
+        replacements = [
+            Replacement(SliceSampler, builder, new),
             Replacement(PrioritizedSliceSampler, "sample", _prioritized_slice_sample),
         ]
+        if StreamingSliceSampler is not None:
+            # It reads the rows of every write to queue its windows.
+            stock = stock_function(StreamingSliceSampler, "mark_update", self.streaming_fingerprints)
+            replacements.append(
+                Replacement(StreamingSliceSampler, "mark_update", _streaming_mark_update(stock))
+            )
+        return replacements

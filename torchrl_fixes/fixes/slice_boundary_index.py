@@ -20,7 +20,7 @@ stale) and costs nothing.
 The index and its bookkeeping live in :mod:`torchrl_fixes.storage_boundaries`
 (the module the upstream patch adds to TorchRL as it is); this module wraps
 TorchRL's methods so that they run the statements of :data:`INLINE_HOOKS`, the
-lines the upstream patch writes into them.
+lines the upstream patch writes into them (:func:`~torchrl_fixes.patching.wrap_with_statements`).
 
 Done flags for ids: a sampler that names no trajectory key reads the ids TorchRL
 picks for it (``("collector", "traj_ids")`` or ``"episode"`` on 0.14, ``"episode"``
@@ -46,31 +46,20 @@ Writing into the storage's tensors directly (``rb.storage._storage[...] = ...``)
 cannot be seen, as with stock ``cache_values=True``.
 
 Configurations the index does not handle fall back to the stock code for that
-sample: storages other than ``TensorStorage`` over a TensorDict on CPU, storages
-with more than two batch dimensions, ``fragmented=True``, ``compile=True``,
-``use_gpu``, samplers built with static ``ends`` / ``trajectories``, subclasses
-that override the boundary recovery, boundary columns whose shape or dtype the
-stock code would reject or squeeze differently, and storages shared between
-processes that were built before the fix was applied.
+sample; :attr:`SliceBoundaryIndex.fallbacks` lists them (``status()`` prints the
+list), and :func:`fallback_reason` says which applies to a sampler and a storage.
 """
 from __future__ import annotations
 
-import functools
 import inspect
-import types
-from typing import Callable
 
 from packaging.specifiers import SpecifierSet
 
-from torchrl_fixes.patching import Replacement
+from torchrl_fixes import storage_boundaries
+from torchrl_fixes.patching import Replacement, wrap_with_statements
 from torchrl_fixes.registry import Fix, TargetChanged, stock_function
 from torchrl_fixes.storage_boundaries import (
-    _attach_boundary_state,
-    _boundary_index_boundaries,
     _classes_fallback_reason,
-    _mutation_revision,
-    _record_reset,
-    _record_write,
     boundary_source,
     fallback_reason,
 )
@@ -84,10 +73,10 @@ except ImportError as err:  # a TorchRL whose layout this fix does not know
 else:
     _IMPORT_ERROR = None
 
-# The statements the upstream patch writes into TorchRL 0.14.1's methods, by file
-# (under torchrl/data/replay_buffers/) and method: (before the method's own code,
-# after it). The wrappers below run the same statements around the stock methods,
-# and tests/test_upstream_patches.py checks that the two stay the same.
+# The statements the upstream patch writes into TorchRL's methods, by file (under
+# torchrl/data/replay_buffers/) and method: (before the method's own code, after it).
+# The runtime fix wraps each stock method with the same statements
+# (patching.wrap_with_statements), so the two are the same code.
 INLINE_HOOKS = {
     ("storages/tensor.py", "TensorStorage.__init__"): ((), ("_attach_boundary_state(self)",)),
     ("storages/tensor.py", "TensorStorage.set"): (
@@ -115,64 +104,17 @@ INLINE_HOOKS = {
 }
 
 
-def _storage_init(original: Callable) -> Callable:
-    @functools.wraps(original)
-    def __init__(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        _attach_boundary_state(self)
-
-    return __init__
-
-
-def _sampler_init(original: Callable) -> Callable:
-    @functools.wraps(original)
-    def __init__(self, *args, traj_key=None, **kwargs):
-        original(self, *args, traj_key=traj_key, **kwargs)
-        self._traj_key_named = traj_key is not None
-
-    return __init__
-
-
-def _storage_set(original: Callable) -> Callable:
-    def set(self, cursor, data, *, set_cursor: bool = True):  # noqa: A001
-        revision = _mutation_revision(self)
-        result = original(self, cursor, data, set_cursor=set_cursor)
-        _record_write(self, cursor, revision)
-        return result
-
-    return set
-
-
-def _storage_reset(original: Callable) -> Callable:
-    @functools.wraps(original)
-    def method(self, *args, **kwargs):
-        result = original(self, *args, **kwargs)
-        _record_reset(self)
-        return result
-
-    return method
-
-
-def _buffer_reset(original: Callable) -> Callable:
-    @functools.wraps(original)
-    def method(self, *args, **kwargs):
-        result = original(self, *args, **kwargs)
-        _record_reset(self._storage)
-        return result
-
-    return method
-
-
-def _get_stop_and_length(original: Callable) -> Callable:
-    @functools.wraps(original)
-    def _get_stop_and_length(self, storage, fallback=True):
-        boundaries = _boundary_index_boundaries(self, storage)
-        if boundaries is not None:
-            return boundaries
-        return original(self, storage, fallback)
-
-    return _get_stop_and_length
-
+# TorchRL's sample units (Sequence, SubgoalTriplet; TorchRL main, not in a release yet)
+# read episode boundaries through one static method: it first puts the index's
+# boundaries in the cache it reads. Same shape as INLINE_HOOKS.
+SAMPLE_UNIT_HOOKS = {
+    ("sample_units.py", "SampleUnit._episode_boundaries"): (
+        ("_seed_episode_boundaries(storage, done_key, device)",),
+        (),
+    ),
+}
+# Fingerprints of the stock SampleUnit._episode_boundaries: torchrl-nightly 2026.10.27.
+_KNOWN_EPISODE_BOUNDARIES = {"01892c957be6fac6"}
 
 # Fingerprints of the stock SliceSampler._get_stop_and_length whose boundary
 # recovery this fix reproduces: 0.11.1, 0.12.0, 0.13.3, 0.14.1.
@@ -202,15 +144,19 @@ class SliceBoundaryIndex(Fix):
         "torchrl.data.ReplayBuffer.set_ / set_at_ / update_ (where they exist)",
     )
     stock_classes = ("torchrl.data.replay_buffers.samplers.SliceSampler",)
+    # The one list of what runs stock code: status(), the README and the upstream
+    # patch's header show this text.
     fallbacks = (
         "storages other than TensorStorage over a TensorDict on CPU, ndim > 2, "
         "fragmented=True, compile=True, use_gpu, static ends/trajectories, "
+        "subclasses that override the boundary recovery or a write path, "
         "boundary columns the stock code would reject or squeeze, fewer than 2 rows, "
         "storages shared between processes but built before the fix was applied, "
-        "memmap storages pickled or copied outside torch.multiprocessing"
+        "memmap storages pickled or copied outside torch.multiprocessing, "
+        "compilable=True storages before TorchRL 0.14 (no mutation revision to see "
+        "compiled writes by)"
     )
 
-    # Fingerprints of the stock boundary recovery this fix reproduces, 0.11.1 to 0.14.1.
     def plan(self) -> list[Replacement]:
         if _IMPORT_ERROR is not None:
             raise TargetChanged(f"cannot import TorchRL's samplers and storages ({_IMPORT_ERROR})")
@@ -223,31 +169,45 @@ class SliceBoundaryIndex(Fix):
         set_owner = next(k for k in TensorStorage.__mro__ if "set" in vars(k))
         if set_owner is not TensorStorage:
             raise TargetChanged("TensorStorage.set is not defined on TensorStorage")
-        init = vars(SliceSampler).get("__init__")
-        if "traj_key" not in inspect.signature(init).parameters:
+        if "traj_key" not in inspect.signature(vars(SliceSampler)["__init__"]).parameters:
             raise TargetChanged("SliceSampler.__init__ takes no traj_key")
-        replacements = [
-            Replacement(SliceSampler, "_get_stop_and_length", _get_stop_and_length(stock)),
-            Replacement(SliceSampler, "__init__", _sampler_init(init)),
-            Replacement(TensorStorage, "__init__", _storage_init(TensorStorage.__init__)),
-            Replacement(TensorStorage, "set", _storage_set(vars(TensorStorage)["set"])),
-        ]
-        for cls, name in (
-            (TensorStorage, "_empty"),
-            (TensorStorage, "load_state_dict"),
-            (LazyMemmapStorage, "load_state_dict"),
-            (Storage, "loads"),
-        ):
-            method = vars(cls).get(name)
-            if not isinstance(method, types.FunctionType):
-                raise TargetChanged(f"{cls.__name__}.{name} is missing")
-            replacements.append(Replacement(cls, name, _storage_reset(method)))
-        for name in ("set_", "set_at_", "update_"):
-            method = vars(ReplayBuffer).get(name)
-            if isinstance(method, types.FunctionType):
-                replacements.append(Replacement(ReplayBuffer, name, _buffer_reset(method)))
+        owners = {
+            cls.__name__: cls
+            for cls in (SliceSampler, TensorStorage, LazyMemmapStorage, Storage, ReplayBuffer)
+        }
+        replacements = []
+        for (_, qualname), (before, after) in INLINE_HOOKS.items():
+            owner_name, name = qualname.split(".")
+            owner = owners[owner_name]
+            method = vars(owner).get(name)
+            # TensorStorage.set is a callable object (torch-version dispatch), not a function
+            if not callable(method) or isinstance(method, (staticmethod, classmethod)):
+                if owner is ReplayBuffer:
+                    continue  # set_ / set_at_ / update_ exist from 0.13 on
+                raise TargetChanged(f"{qualname} is missing")
+            replacements.append(
+                Replacement(owner, name, wrap_with_statements(method, before, after, vars(storage_boundaries)))
+            )
+        replacements += _sample_unit_replacements()
         _classes_fallback_reason.cache_clear()
         return replacements
+
+
+def _sample_unit_replacements() -> list[Replacement]:
+    """The sample units' boundary hook, where TorchRL has sample units."""
+    try:
+        from torchrl.data.replay_buffers.sample_units import SampleUnit
+    except ImportError:
+        return []  # releases before 0.14
+    replacements = []
+    for (_, qualname), (before, after) in SAMPLE_UNIT_HOOKS.items():
+        name = qualname.split(".")[1]
+        if name not in vars(SampleUnit):
+            continue  # 0.14's sample units read no episode boundaries
+        stock = stock_function(SampleUnit, name, _KNOWN_EPISODE_BOUNDARIES)
+        wrapper = wrap_with_statements(stock, before, after, vars(storage_boundaries))
+        replacements.append(Replacement(SampleUnit, name, staticmethod(wrapper)))
+    return replacements
 
 
 __all__ = ["INLINE_HOOKS", "SliceBoundaryIndex", "boundary_source", "fallback_reason"]

@@ -1,6 +1,6 @@
 """The upstream diffs in ``patches/``, written from the runtime fixes' own code.
 
-``python -m torchrl_fixes export-patches`` reads the installed TorchRL's source (it
+``python -m devtools export-patches`` reads the installed TorchRL's source (it
 must be the release the patches target, untouched), applies the edits listed here
 file by file, and writes one unified diff per fix. The edits take their code from
 the runtime fixes: modules are copied (imports rewritten to TorchRL's paths),
@@ -9,6 +9,10 @@ TorchRL's methods are the ones the runtime wrappers run
 (:data:`torchrl_fixes.fixes.slice_boundary_index.INLINE_HOOKS`). So the diffs and the
 runtime fixes cannot say different things: ``export-patches --check`` fails when the
 files in ``patches/`` are not what the fixes write today.
+
+The configurations a patch leaves to the code it replaces are rendered from the
+fix's declaration (:attr:`torchrl_fixes.registry.Fix.fallbacks`), as ``status()``
+prints them.
 
 ``0001-pinned-sample-output.patch`` is written by hand; its functions are checked
 against the runtime fix by source fingerprint (``tests/test_upstream_patches.py``).
@@ -297,6 +301,7 @@ def patches() -> list[UpstreamPatch]:
     """The generated patches, in order."""
     from torchrl_fixes.fixes import single_gather
     from torchrl_fixes.fixes.slice_boundary_index import INLINE_HOOKS
+    from torchrl_fixes.patching import get_original
 
     boundary_edits: list = [
         NewModule(f"{RB}/trajectory_boundaries.py", "torchrl_fixes.trajectory_boundaries"),
@@ -340,6 +345,21 @@ def patches() -> list[UpstreamPatch]:
                     single_gather._prioritized_slice_sample,
                 ),
                 AddImport(f"{RB}/samplers/prioritized_slice.py", ".slice", ("_read_entries",)),
+                AddFunctions(
+                    f"{RB}/samplers/streaming_slice.py",
+                    "StreamingSliceSampler",
+                    (single_gather._read_written_entries,),
+                ),
+                AddImport(
+                    f"{RB}/samplers/streaming_slice.py", ".slice", ("_read_entries", "_reads_tensordict")
+                ),
+                ReplaceFunction(
+                    f"{RB}/samplers/streaming_slice.py",
+                    "StreamingSliceSampler.mark_update",
+                    single_gather._streaming_mark_update(
+                        get_original(single_gather.StreamingSliceSampler, "mark_update")
+                    ),
+                ),
             ),
         ),
     ]
@@ -444,15 +464,33 @@ def render(site: Path | None = None) -> dict[str, str]:
     return rendered
 
 
+FALLBACKS = "{fallbacks}"
+
+
+def fallbacks_text(fix: str, indent: int = 4, width: int = 80) -> str:
+    """The fix's declared fallbacks (:attr:`torchrl_fixes.registry.Fix.fallbacks`), wrapped."""
+    from torchrl_fixes.fixes import ALL_FIXES
+
+    declared = next(f for f in ALL_FIXES if f.name == fix).fallbacks
+    if not declared:
+        raise ExportError(f"{fix} declares no fallbacks for its patch header")
+    return textwrap.fill(
+        declared + ".", width=width, initial_indent=" " * indent, subsequent_indent=" " * indent
+    )
+
+
 def _header(patch: UpstreamPatch) -> str:
     depends = ", ".join(f"{n:04d}" for n in patch.depends_on) or "nothing"
+    header = patch.header
+    if FALLBACKS in header:
+        header = header.replace(FALLBACKS, fallbacks_text(patch.fix))
     return (
-        patch.header.rstrip("\n")
+        header.rstrip("\n")
         + "\n\n"
         + f"Applies to: torchrl {TORCHRL_RELEASE}, with `git apply -p1` from the repository root,\n"
         + "  after the patches before it.\n"
         + f"Depends on: {depends}.\n"
-        + "Written by `python -m torchrl_fixes export-patches` from the runtime fix\n"
+        + "Written by `python -m devtools export-patches` from the runtime fix\n"
         + f"  torchrl_fixes/fixes/{patch.fix}.py; do not edit by hand.\n"
     )
 
@@ -526,15 +564,13 @@ Change
   A sampler that names no trajectory key reads the ("next", "done") flags
   instead of the ids TorchRL detects while both mark the same ends (checked on
   the written rows, in batches); where they disagree (interleaved collectors) it
-  reads the ids and logs it once. Configurations the index does not handle
-  (fragmented, compile, use_gpu, static ends/trajectories, ndim > 2, storages
-  that are not a TensorStorage over a CPU TensorDict, subclasses that override
-  the recovery or a write path) keep the whole-storage recovery.
+  reads the ids and logs it once. The whole-storage recovery still runs for:
+{fallbacks}
 
 Upstream issue: https://github.com/pytorch/rl/issues/2669
 
 Measured effect (torchrl 0.14.1, torch 2.13.0+cpu, 2-core machine, one thread;
-`python -m torchrl_fixes bench --full`, stock and patched timed in turn)
+`python -m devtools bench --full`, stock and patched timed in turn)
   256 slices of 4, no value cache, median per sample, stock -> patched:
     5M stored / 6M capacity, episode ids       8.8 ms -> 0.63 ms
     5M stored / 600M capacity, episode ids     9.0 ms -> 0.67 ms
@@ -565,19 +601,22 @@ Problem
   reads storage[index]: every entry of every sampled row is gathered, then the
   replay buffer gathers them all again to return the sample. On image data a
   slice sample costs 1.7-4.8x a random sample of the same size.
-  PrioritizedSliceSampler.sample does the same.
+  PrioritizedSliceSampler.sample does the same, and StreamingSliceSampler
+  gathers every entry of the rows of each write to find its windows.
 
 Change
   _read_entries reads only the entries the info uses (done, terminated, the
-  init key) from a TensorStorage holding a TensorDict; other storages (lists,
-  tensorclasses, storages that override get) keep storage[index].
-  SliceSampler._finalize_index and PrioritizedSliceSampler.sample call it.
-  The info is exactly what it was.
+  init key) from a TensorStorage holding a TensorDict. Left as they were:
+{fallbacks}
+  SliceSampler._finalize_index and PrioritizedSliceSampler.sample call it;
+  StreamingSliceSampler.mark_update reads the trajectory ids, end flags and
+  is_init of the written rows through _read_written_entries.
+  The info and the queued windows are exactly what they were.
 
 Upstream issue: https://github.com/pytorch/rl/issues/2422
 
 Measured effect (torchrl 0.14.1, torch 2.13.0+cpu, 2-core machine, one thread;
-`python -m torchrl_fixes bench`, stock and patched timed in turn)
+`python -m devtools bench`, stock and patched timed in turn)
   TensorDictReplayBuffer sample of 84x84x3 uint8 image rows, 64 slices of 8:
     SliceSampler: 1.69x faster; the sample now costs what a RandomSampler
     sample of the same size costs.
@@ -587,5 +626,7 @@ Tests to add to TorchRL (test/rb/)
     ndim=2 storages, with truncated_key set and None, with and without is_init
     in the storage: data and info identical to reading storage[index];
   - the storage is read once per sample (count TensorStorage.get calls);
+  - StreamingSliceSampler: a write gathers no image entry; the same windows
+    are queued when writes end inside an episode;
   - ListStorage and tensorclass storages keep their info.
 """

@@ -2,7 +2,8 @@
 
 Each scenario builds a replay buffer with ``pin_memory=True``, samples it, and
 reports what came back: an exception, or how many of the returned tensors are
-pinned. The stock run happens inside :func:`torchrl_fixes.disabled`.
+pinned. The stock run happens inside :func:`torchrl_fixes.disabled`. The transform
+that builds a new TensorDict is the conformance suite's own (``KeepObservation``).
 """
 from __future__ import annotations
 
@@ -12,16 +13,11 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-from tensordict import TensorDict, is_tensor_collection
+from tensordict import TensorDict
 
+from conformance.harness import tensor_leaves
+from conformance.test_pinned_sample_output import KeepObservation
 from torchrl_fixes.warning_categories import PinMemoryUnavailableWarning
-
-
-class KeepObservation:
-    """A transform that builds a new TensorDict, whose ``device`` is therefore ``None``."""
-
-    def __call__(self, td):
-        return TensorDict({"observation": td["observation"]}, batch_size=td.batch_size)
 
 
 def _tensordict_buffer(transform=None, ndim=1):
@@ -31,7 +27,7 @@ def _tensordict_buffer(transform=None, ndim=1):
         storage=LazyTensorStorage(64, ndim=ndim), pin_memory=True, transform=transform
     )
     shape = [2, 8] if ndim == 2 else [16]
-    rb.extend(TensorDict({"observation": torch.randn(*shape, 4)}, shape))
+    rb.extend(TensorDict({"obs": torch.randn(*shape, 4)}, shape))
     return rb
 
 
@@ -50,18 +46,6 @@ SCENARIOS: dict[str, Callable[[], object]] = {
     "  rb[index], device=None": lambda: _tensordict_buffer(KeepObservation())[0:4],
     "ReplayBuffer.sample(return_info)": lambda: _tensor_buffer().sample(4, return_info=True),
 }
-
-
-def _leaves(output) -> list[torch.Tensor]:
-    if is_tensor_collection(output):
-        return list(output.values(include_nested=True, leaves_only=True))
-    if isinstance(output, torch.Tensor):
-        return [output]
-    if isinstance(output, (tuple, list)):
-        return [leaf for item in output for leaf in _leaves(item)]
-    if isinstance(output, dict):
-        return [leaf for item in output.values() for leaf in _leaves(item)]
-    return []
 
 
 @dataclass
@@ -85,7 +69,7 @@ def _run(scenario: Callable[[], object]) -> Outcome:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            leaves = _leaves(scenario())
+            leaves = [leaf for _, leaf in tensor_leaves(scenario())]
         except RuntimeError as err:
             outcome.error = f"RuntimeError: {str(err).splitlines()[0]}"
             return outcome
@@ -99,7 +83,7 @@ def compare_pinned_samples() -> str:
     """Runs every scenario on stock and on patched TorchRL; returns a table.
 
     Examples:
-        >>> from torchrl_fixes.pinned_sample_report import compare_pinned_samples
+        >>> from devtools.pinned_sample_report import compare_pinned_samples
         >>> print(compare_pinned_samples())  # doctest: +SKIP
     """
     import torchrl_fixes

@@ -1,0 +1,166 @@
+"""The buffer sizes of the slice-sampling speed benchmarks, and what each scale costs.
+
+``conformance/test_speed_slice_sampling.py`` times the cases listed here; the
+``--slice-scale`` option (``ci``, ``report``, ``full``) picks them, each scale adding
+rows to the one before. This module needs neither torch nor TorchRL, so the memory
+a scale needs (:func:`memory_for_scale`) and the rows it adds
+(:func:`scenarios_added`) can be stated before anything is imported or filled:
+``python -m devtools bench`` states them, and the README quotes them.
+
+Examples:
+    >>> from conformance.speed_sizes import GiB, memory_for_scale, scenarios_added
+    >>> round(memory_for_scale("full") / GiB)
+    17
+    >>> scenarios_added("full")[0]
+    'seed_table episode 346M/600M'
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from conformance.timing_in_turn import VARIANTS
+
+SCALES = ("ci", "report", "full")
+GiB = 1 << 30
+
+# Bytes one row takes in the storage, per layout and trajectory key.
+ROW_BYTES = {
+    ("seed", "episode"): 4 + 8,
+    ("seed", "done"): 4 + 1,
+    ("seed", "unnamed"): 4 + 8 + 1,
+    ("online", "episode"): 16 + 8 + 1 + 1,
+    ("online", "done"): 16 + 8 + 1 + 1,
+    ("tdmpc2", "episode"): 4 + 8,
+}
+TDMPC2_EPISODE_LEN = 500
+
+
+@dataclass(frozen=True)
+class Case:
+    """One buffer configuration: layout, trajectory key, sizes, how many timed rounds."""
+
+    layout: str
+    key: str
+    stored: int
+    capacity: int
+    rounds: int
+    scale: str = "ci"
+    episode_len: int = 1_000
+    mode: str = "room"
+
+    @property
+    def id(self) -> str:
+        mode = "" if self.mode == "room" else f"-{self.mode}"
+        return f"{self.key}-{size(self.stored)}-{size(self.capacity)}{mode}"
+
+    def scenario(self, operation: str) -> str:
+        return f"{operation} {self.key} {size(self.stored)}/{size(self.capacity)}"
+
+    def memory_needed(self, buffers: int = 1) -> int:
+        """``buffers`` storages of the whole capacity, a stock boundary pass over the
+        stored rows, and slack."""
+        return buffers * ROW_BYTES[self.layout, self.key] * self.capacity + 8 * self.stored + GiB
+
+
+def size(n: int) -> str:
+    """``n`` rows in millions, as the scenario names write it (``1.2M``)."""
+    return f"{n / 1e6:g}M"
+
+
+KEYS = ("episode", "done")
+
+SEED_TABLE = [
+    *(Case("seed", k, 1_000_000, 1_200_000, rounds=30) for k in KEYS),
+    *(Case("seed", k, 1_000_000, 120_000_000, rounds=30) for k in KEYS),
+    *(Case("seed", k, 5_000_000, 6_000_000, rounds=10, scale="report") for k in KEYS),
+    *(Case("seed", k, 5_000_000, 600_000_000, rounds=10, scale="report") for k in KEYS),
+    *(Case("seed", k, 346_000_000, 600_000_000, rounds=5, scale="full") for k in KEYS),
+]
+ONLINE = [
+    *(Case("online", k, 2_000_000, 3_000_000, rounds=40) for k in KEYS),
+    *(Case("online", k, 40_000_000, 60_000_000, rounds=9, scale="report") for k in KEYS),
+]
+TDMPC2 = [
+    Case("tdmpc2", "episode", 1_000_000, 1_200_000, rounds=5, episode_len=TDMPC2_EPISODE_LEN),
+    Case(
+        "tdmpc2", "episode", 5_000_000, 6_000_000, rounds=3, scale="report",
+        episode_len=TDMPC2_EPISODE_LEN,
+    ),
+]
+# "unnamed": episode ids and done flags both stored, no key named: stock reads the
+# ids, the fix the done flags once every write has shown that they agree.
+COLD_KEYS = (*KEYS, "unnamed")
+COLD = [
+    *(Case("seed", k, 1_000_000, 1_200_000, rounds=9) for k in COLD_KEYS),
+    *(Case("seed", k, 5_000_000, 6_000_000, rounds=5, scale="report") for k in COLD_KEYS),
+    *(Case("seed", k, 346_000_000, 600_000_000, rounds=2, scale="full") for k in COLD_KEYS),
+]
+EXTEND = [
+    *(Case("online", k, 1_000_000, 1_500_000, rounds=200) for k in KEYS),
+    *(Case("online", k, 1_000_000, 1_000_000, rounds=200, mode="wrap") for k in KEYS),
+]
+
+# The operations timed on each list's buffers, as the benchmarks name them.
+OPERATIONS = {
+    "seed_table": (SEED_TABLE, ("seed_table",)),
+    "online": (
+        ONLINE,
+        ("online step", "online sample-after-write", "online sample-without-write", "online extend"),
+    ),
+    "tdmpc2": (TDMPC2, ("tdmpc2 loop",)),
+    "cold": (COLD, ("cold first sample",)),
+    "extend": (EXTEND, ("extend",)),
+}
+
+
+def cases_at(cases: list[Case], scale: str) -> list[Case]:
+    """The cases of ``cases`` that run at ``scale``."""
+    top = SCALES.index(scale)
+    return [case for case in cases if SCALES.index(case.scale) <= top]
+
+
+def memory_for_scale(scale: str) -> int:
+    """The most memory one benchmark of ``scale`` holds at once, in bytes.
+
+    The benchmarks of :data:`SEED_TABLE`, :data:`ONLINE`, :data:`TDMPC2` and
+    :data:`EXTEND` keep both variants' buffers side by side; a ``cold first sample``
+    builds one buffer at a time.
+    """
+    side_by_side = [
+        case.memory_needed(len(VARIANTS))
+        for cases in (SEED_TABLE, ONLINE, TDMPC2, EXTEND)
+        for case in cases_at(cases, scale)
+    ]
+    one_at_a_time = [case.memory_needed() for case in cases_at(COLD, scale)]
+    return max(side_by_side + one_at_a_time)
+
+
+def _added(scale: str) -> list[tuple[str, str, Case]]:
+    below = SCALES[SCALES.index(scale) - 1] if SCALES.index(scale) else None
+    found = []
+    for group, (cases, operations) in OPERATIONS.items():
+        for case in cases_at(cases, scale):
+            if below is not None and case in cases_at(cases, below):
+                continue
+            for operation in operations:
+                name = f"extend {case.mode}" if operation == "extend" else operation
+                found.append((case.scenario(name), group, case))
+    return found
+
+
+def scenarios_added(scale: str) -> list[str]:
+    """The scenarios (rows of the stock / patched table) that ``scale`` adds to the scale before it."""
+    return [scenario for scenario, _, _ in _added(scale)]
+
+
+def fills_added(scale: str) -> tuple[int, int]:
+    """``(buffers filled, rows each)`` that ``scale`` adds: the bulk of its run time.
+
+    A benchmark of a pair fills each variant's buffer once; a ``cold first sample``
+    fills a fresh buffer of each variant every round.
+    """
+    fills = []
+    for group, case in {(group, case) for _, group, case in _added(scale)}:
+        per_variant = case.rounds if group == "cold" else 1
+        fills += [case.stored] * (per_variant * len(VARIANTS))
+    return len(fills), max(fills, default=0)

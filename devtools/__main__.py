@@ -1,0 +1,162 @@
+"""``python -m devtools {bench,compare,export-patches,patched-copy}``, from the repository root.
+
+Each command has its own options (``python -m devtools bench --help``); see
+:mod:`devtools` for what each does.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+PROG = "python -m devtools"
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not value >= 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    from devtools import speed_comparison
+
+    top = argparse.ArgumentParser(
+        prog=PROG,
+        description="Development tooling of torchrl-fixes: benchmarks, side-by-side "
+        "comparison and upstream patches. Run it from the root of a clone.",
+    )
+    commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    bench = commands.add_parser(
+        "bench",
+        help="time stock against patched TorchRL here; write a table, a plot and bench.json",
+        description="Runs the speed benchmarks of conformance/ with stock and patched TorchRL "
+        "timed in turn, shows each result as it lands, then the table; writes bench.json, "
+        "benchmark.md, benchmark.png and bench.log into --out.",
+    )
+    bench.add_argument(
+        "--full",
+        action="store_true",
+        help=f"add the rows of 346M stored transitions in a 600M buffer (about "
+        f"{speed_comparison.full_memory() / speed_comparison.GiB:.0f} GiB of available memory, "
+        "checked before anything starts)",
+    )
+    bench.add_argument("--out", default="results", help="results folder (default: %(default)s)")
+    bench.add_argument(
+        "--threads",
+        type=_positive_int,
+        default=1,
+        help="torch threads while timing, 1 or more (default: %(default)s)",
+    )
+    bench.add_argument(
+        "--compare",
+        metavar="BASELINE_JSON",
+        help="an earlier run's bench.json: exit 1 when a scenario's speed-up falls more than "
+        "--margin below it",
+    )
+    bench.add_argument(
+        "--margin",
+        type=_fraction,
+        default=0.3,
+        help="with --compare: how far a speed-up may fall, as a fraction of the baseline's "
+        "(default: %(default)s)",
+    )
+    bench.add_argument(
+        "--json", action="store_true", help="print the rows as JSON instead of the table"
+    )
+
+    commands.add_parser(
+        "compare",
+        help="stock and patched pin_memory=True buffers side by side",
+        description="Prints the fix status, then what stock and patched TorchRL return "
+        "from replay buffers built with pin_memory=True.",
+    )
+
+    export = commands.add_parser(
+        "export-patches",
+        help="write the upstream diffs of patches/ from the runtime fixes",
+        description="Writes patches/0002 and later from the runtime fixes and the installed "
+        "TorchRL (which must be the release the patches target, untouched).",
+    )
+    export.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1 if a patch in the folder is not what the fixes write",
+    )
+    export.add_argument("--patches", type=Path, default=None, help="the patches folder (default: patches/)")
+
+    copy = commands.add_parser(
+        "patched-copy",
+        help="copy the installed TorchRL into DEST and apply patches/",
+        description="Copies the installed torchrl package into DEST, applies every patch in "
+        "order, and prints the untouched installed package's folder (the stock source).",
+    )
+    copy.add_argument("dest", type=Path, help="the folder to copy TorchRL into")
+    copy.add_argument("--patches", type=Path, default=None, help="the patches folder (default: patches/)")
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    command = f"{PROG} {args.command}"
+
+    if args.command in ("export-patches", "patched-copy"):
+        from devtools import upstream_patches
+
+        folder = args.patches or upstream_patches.PATCHES_DIR
+        try:
+            if args.command == "patched-copy":
+                print(upstream_patches.patched_copy(args.dest, folder))
+                return 0
+            changed = upstream_patches.export(folder, check=args.check)
+        except upstream_patches.ExportError as err:
+            print(f"{command}: {err}", file=sys.stderr)
+            return 2
+        if args.check:
+            for name in changed:
+                print(f"{folder / name}: out of date (run {PROG} export-patches)")
+            return 1 if changed else 0
+        for name in changed:
+            print(f"wrote {folder / name}")
+        if not changed:
+            print(f"{folder}: every patch is up to date")
+        return 0
+
+    import torchrl_fixes
+
+    if args.command == "bench":
+        from devtools import speed_comparison
+
+        print(torchrl_fixes.status(), file=sys.stderr if args.json else sys.stdout)
+        try:
+            return speed_comparison.run(
+                args.out,
+                full=args.full,
+                threads=args.threads,
+                compare=args.compare,
+                margin=args.margin,
+                as_json=args.json,
+            )
+        except speed_comparison.SpeedComparisonError as err:
+            print(f"{command}: {err}", file=sys.stderr)
+            return 2
+
+    from devtools.pinned_sample_report import compare_pinned_samples
+
+    print(torchrl_fixes.status())
+    print()
+    print(compare_pinned_samples())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""Figures and lists said in several places come from one source.
+
+- The configurations a fix leaves to stock code: the fix's ``fallbacks`` declaration.
+  ``status()`` prints it, the README quotes that output, and the upstream patch's
+  header renders it.
+- The memory ``--full`` needs: :func:`conformance.speed_sizes.memory_for_scale`, which
+  ``python -m devtools bench``, pytest's ``--slice-scale`` help and the README state.
+- The runtime package: every module of ``torchrl_fixes`` imports without the test
+  suite and without ``devtools/``.
+"""
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conformance.speed_sizes import GiB, fills_added, memory_for_scale, scenarios_added
+from torchrl_fixes.fixes import ALL_FIXES
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def test_readme_status_output_quotes_the_declared_fallbacks():
+    block = README[README.index("stock code still runs for:\n") :].split("\n\n")[0]
+    assert block.splitlines()[1:] == [
+        f"  {fix.name}: {fix.fallbacks}" for fix in ALL_FIXES if fix.fallbacks
+    ]
+
+
+@pytest.mark.parametrize("fix", [f for f in ALL_FIXES if f.fallbacks], ids=lambda f: f.name)
+def test_patch_headers_render_the_declared_fallbacks(fix):
+    from devtools.upstream_patches import fallbacks_text
+
+    (patch,) = (ROOT / "patches").glob(f"*-{fix.name.replace('_', '-')}.patch")
+    header = patch.read_text().split("\ndiff --git ")[0]
+    assert fallbacks_text(fix.name) in header
+    flat = " ".join(header.split())
+    assert fix.fallbacks in flat
+
+
+def test_fix_docstrings_point_at_the_declaration_instead_of_listing():
+    """A fix module's docstring names where the list is, and does not repeat it."""
+    for fix in ALL_FIXES:
+        if not fix.fallbacks:
+            continue
+        doc = " ".join((sys.modules[type(fix).__module__].__doc__ or "").split())
+        assert f"{type(fix).__name__}.fallbacks" in doc
+        assert "fragmented=True" not in doc and "tensorclasses" not in doc
+
+
+def test_readme_states_the_computed_full_run_cost():
+    memory = f"{memory_for_scale('full') / GiB:.0f} GiB of available memory"
+    fills, rows = fills_added("full")
+    assert f"adds the {len(scenarios_added('full'))} rows of 346M stored" in README
+    assert memory in " ".join(README.split())
+    assert f"a {rows // 1_000_000}M-row buffer {fills} times" in " ".join(README.split())
+    # nowhere else quotes another figure for it
+    for path in ("noxfile.py", "conformance/conftest.py", "devtools/__main__.py"):
+        assert not re.search(r"\b1[18] GiB|\b7 GB", (ROOT / path).read_text()), path
+
+
+def test_readme_row_count_is_the_default_run_plus_full():
+    table = README[README.index("The whole run (`results/benchmark.md`)") :].split("\n\n")[1]
+    rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    full = scenarios_added("full")
+    assert len(rows) - len(full) == 38
+    assert {row.split(" | ")[0].removeprefix("| ") for row in rows} >= set(full)
+
+
+def test_no_runtime_module_imports_the_suite_or_the_tooling():
+    for path in (ROOT / "torchrl_fixes").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            for name in names:
+                assert name.split(".")[0] not in ("conformance", "devtools", "tests"), (path, name)
+
+
+def test_every_runtime_module_imports_without_the_suite():
+    """In a fresh interpreter where ``conformance``, ``devtools`` and ``tests`` cannot import."""
+    code = (
+        "import sys, pkgutil, importlib\n"
+        "for name in ('conformance', 'devtools', 'tests'): sys.modules[name] = None\n"
+        "import torchrl_fixes\n"
+        "names = [m.name for m in pkgutil.walk_packages(torchrl_fixes.__path__, 'torchrl_fixes.')]\n"
+        "for name in names: importlib.import_module(name)\n"
+        "print(len(names))\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr
+    assert int(run.stdout.split()[-1]) >= 10

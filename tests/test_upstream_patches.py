@@ -64,7 +64,11 @@ def test_pinned_sample_output_patch_matches_the_runtime_fix(patched_torchrl):
         assert fingerprint_source(_function_source(utils, name)) == source_fingerprint(
             getattr(pinned, name)
         ), name
-    runtime_sample = pinned._tensordict_replay_buffer_sample(object)
+    from torchrl.data import TensorDictReplayBuffer
+
+    runtime_sample = pinned._tensordict_replay_buffer_sample(
+        torchrl_fixes.get_original(TensorDictReplayBuffer, "sample")
+    )
     assert fingerprint_source(
         _function_source(tensordict_rb, "sample", cls="TensorDictReplayBuffer")
     ) == source_fingerprint(runtime_sample)

@@ -5,6 +5,7 @@ displaced, so :func:`get_original` can hand that object back by name and removin
 the patch puts the very same object (identity, not a copy) back in place.
 """
 from __future__ import annotations
+import __future__
 
 import functools
 import importlib
@@ -263,3 +264,53 @@ def wrap_with_statements(
     )
     wrapper.__kwdefaults__ = made.__kwdefaults__
     return functools.wraps(original)(wrapper)
+
+
+def derive_from_source(
+    stock: types.FunctionType, edits: Sequence[tuple[str, str]], **names: Any
+) -> types.FunctionType:
+    """``stock`` with its source edited: each ``(old, new)`` text must be found exactly once.
+
+    The other way a fix is made from TorchRL's code (beside
+    :func:`wrap_with_statements`): where the change sits inside a method's body, the
+    fix is the stock source with a few lines changed, so the runtime fix and the
+    upstream diff are the same text. The new function is compiled in ``stock``'s module
+    (its globals, its ``super()`` class) and also sees ``names``. ``stock`` must have
+    passed the fingerprint gate, so the edits are made to known code.
+
+    Raises:
+        TargetChanged: an edit does not apply exactly once.
+
+    Examples:
+        >>> def twice(x):
+        ...     return x * 2
+        >>> thrice = derive_from_source(twice, [("x * 2", "x * factor")], factor=3)
+        >>> thrice(2)
+        6
+    """
+    source = textwrap.dedent(inspect.getsource(stock))
+    for old, new in edits:
+        if source.count(old) != 1:
+            from torchrl_fixes.registry import TargetChanged  # the registry imports this module
+
+            raise TargetChanged(f"{stock.__qualname__}: {old.strip()!r} is not found once")
+        source = source.replace(old, new)
+    cells = dict(
+        zip(stock.__code__.co_freevars, [c.cell_contents for c in stock.__closure__ or ()])
+    )
+    free = {**cells, **names}
+    factory = (
+        f"def _factory({', '.join(free)}):\n"
+        f"{textwrap.indent(source, '    ')}\n"
+        f"    return {stock.__name__}\n"
+    )
+    filename = f"<torchrl_fixes {stock.__module__}.{stock.__qualname__}>"
+    linecache.cache[filename] = (len(factory), None, factory.splitlines(True), filename)
+    code = compile(
+        factory, filename, "exec", flags=__future__.annotations.compiler_flag, dont_inherit=True
+    )
+    namespace: dict[str, Any] = {}
+    exec(code, stock.__globals__, namespace)
+    func = namespace["_factory"](*free.values())
+    func.__qualname__ = stock.__qualname__
+    return func

@@ -27,22 +27,18 @@ The functions below are TorchRL's own, changed where the fix needs it, one
 from __future__ import annotations
 
 import types
-import warnings
 from typing import Any, Callable
 
 import torch
 from packaging.specifiers import SpecifierSet
-from tensordict import TensorDictBase, is_tensor_collection, is_tensorclass
-from tensordict.utils import expand_as_right
+from tensordict import is_tensor_collection
 
-from torchrl_fixes.patching import Replacement
+from torchrl_fixes.patching import Replacement, derive_from_source
 from torchrl_fixes.registry import Fix, TargetChanged, stock_function
-from torchrl_fixes.source_fingerprint import source_fingerprint
 from torchrl_fixes.warning_categories import PinMemoryUnavailableWarning, warn_at_caller
 
 try:
     from torchrl.data.replay_buffers import utils as _rb_utils
-    from torchrl.data.replay_buffers.utils import _to_torch
 except ImportError as err:  # a TorchRL whose layout this fix does not know
     _rb_utils = None
     _IMPORT_ERROR = err
@@ -120,162 +116,34 @@ def pin_memory_output(fun) -> Callable:
     return decorated_fun
 
 
-def _tensordict_replay_buffer_sample(__class__: type) -> Callable:
-    # Taking ``__class__`` lets the zero-argument ``super()`` below resolve exactly as
-    # it does in the body of ``TensorDictReplayBuffer``.
-
-    def sample(
-        self,
-        batch_size: int | None = None,
-        return_info: bool = False,
-        include_info: bool | None = None,
-    ) -> TensorDictBase:
-        """Samples a batch of data from the replay buffer.
-
-        Uses Sampler to sample indices, and retrieves them from Storage.
-
-        Args:
-            batch_size (int, optional): size of data to be collected. If none
-                is provided, this method will sample a batch-size as indicated
-                by the sampler.
-            return_info (bool): whether to return info. If True, the result
-                is a tuple (data, info). If False, the result is the data.
-            include_info (bool, optional): deprecated alias for ``return_info``.
-
-        Returns:
-            A tensordict containing a batch of data selected in the replay buffer.
-            A tuple containing this tensordict and info if return_info flag is set to True.
-        """
-        if include_info is not None:
-            warnings.warn(
-                "include_info is going to be deprecated soon."
-                "The default behavior has changed to `include_info=True` "
-                "to avoid bugs linked to wrongly preassigned values in the "
-                "output tensordict."
-            )
-
-        data, info = super().sample(batch_size, return_info=True)
-        is_tc = is_tensor_collection(data)
-        if is_tc and not is_tensorclass(data) and include_info in (True, None):
-            is_locked = data.is_locked
-            if is_locked:
-                data.unlock_()
-            pin_info = self._pin_memory and _pin_memory_available()
-            for key, val in info.items():
-                if key == "index" and isinstance(val, tuple):
-                    val = torch.stack(val, -1)
-                try:
-                    val = _to_torch(val, data.device)
-                    if pin_info:
-                        # entries built here (the stacked index) are not pinned by _sample
-                        val = _pin_memory(val)
-                    if val.ndim < data.ndim:
-                        val = expand_as_right(val, data)
-                    data.set(key, val)
-                except RuntimeError:
-                    raise RuntimeError(
-                        "Failed to set the metadata (e.g., indices or weights) in the sampled tensordict within TensorDictReplayBuffer.sample. "
-                        "This is probably caused by a shape mismatch (one of the transforms has probably modified "
-                        "the shape of the output tensordict). "
-                        "You can always recover these items from the `sample` method from a regular ReplayBuffer "
-                        "instance with the 'return_info' flag set to True."
-                    )
-            if is_locked:
-                data.lock_()
-        elif not is_tc and include_info in (True, None):
-            raise RuntimeError("Cannot include info in non-tensordict data")
-        if return_info:
-            return data, info
-        return data
-
-    return sample
+# The lines the fix writes into the stock ``TensorDictReplayBuffer.sample`` (its source
+# as a top-level function, dedented): the info
+# entries it sets in the sample (the stacked index, generations, weights) are pinned
+# there, as ``_sample`` pins the rest.
+SAMPLE_EDITS = (
+    (
+        "        for key, val in info.items():\n",
+        "        pin_info = self._pin_memory and _pin_memory_available()\n"
+        "        for key, val in info.items():\n",
+    ),
+    (
+        "                val = _to_torch(val, data.device)\n",
+        "                val = _to_torch(val, data.device)\n"
+        "                if pin_info:\n"
+        "                    # entries built here (the stacked index) are not pinned by _sample\n"
+        "                    val = _pin_memory(val)\n",
+    ),
+)
 
 
-def _tensordict_replay_buffer_sample_blocking(__class__: type) -> Callable:
-    # The same fix over the stock ``sample`` that can wait for data (``wait``,
-    # ``timeout``, ``cancel_event``), as TorchRL main has it.
-
-    def sample(
-        self,
-        batch_size: int | None = None,
-        return_info: bool = False,
-        include_info: bool | None = None,
-        *,
-        wait: bool = False,
-        timeout: float | None = None,
-        cancel_event: Any | None = None,
-    ) -> TensorDictBase:
-        """Samples a batch of data from the replay buffer.
-
-        Uses Sampler to sample indices, and retrieves them from Storage.
-
-        Args:
-            batch_size (int, optional): size of data to be collected. If none
-                is provided, this method will sample a batch-size as indicated
-                by the sampler.
-            return_info (bool): whether to return info. If True, the result
-                is a tuple (data, info). If False, the result is the data.
-            include_info (bool, optional): deprecated alias for ``return_info``.
-            wait (bool, optional): if ``True``, wait for enough replay items
-                instead of failing immediately. Defaults to ``False``.
-            timeout (float, optional): maximum number of seconds to wait when
-                ``wait=True``. ``None`` waits indefinitely.
-            cancel_event (optional): event-like object exposing ``is_set()``.
-                Setting it cancels a blocking sample.
-
-        Returns:
-            A tensordict containing a batch of data selected in the replay buffer.
-            A tuple containing this tensordict and info if return_info flag is set to True.
-        """
-        if include_info is not None:
-            warnings.warn(
-                "include_info is going to be deprecated soon."
-                "The default behavior has changed to `include_info=True` "
-                "to avoid bugs linked to wrongly preassigned values in the "
-                "output tensordict."
-            )
-
-        data, info = super().sample(
-            batch_size,
-            return_info=True,
-            wait=wait,
-            timeout=timeout,
-            cancel_event=cancel_event,
-        )
-        is_tc = is_tensor_collection(data)
-        if is_tc and not is_tensorclass(data) and include_info in (True, None):
-            is_locked = data.is_locked
-            if is_locked:
-                data.unlock_()
-            pin_info = self._pin_memory and _pin_memory_available()
-            for key, val in info.items():
-                if key == "index" and isinstance(val, tuple):
-                    val = torch.stack(val, -1)
-                try:
-                    val = _to_torch(val, data.device)
-                    if pin_info:
-                        # entries built here (the stacked index) are not pinned by _sample
-                        val = _pin_memory(val)
-                    if val.ndim < data.ndim:
-                        val = expand_as_right(val, data)
-                    data.set(key, val)
-                except RuntimeError:
-                    raise RuntimeError(
-                        "Failed to set the metadata (e.g., indices or weights) in the sampled tensordict within TensorDictReplayBuffer.sample. "
-                        "This is probably caused by a shape mismatch (one of the transforms has probably modified "
-                        "the shape of the output tensordict). "
-                        "You can always recover these items from the `sample` method from a regular ReplayBuffer "
-                        "instance with the 'return_info' flag set to True."
-                    )
-            if is_locked:
-                data.lock_()
-        elif not is_tc and include_info in (True, None):
-            raise RuntimeError("Cannot include info in non-tensordict data")
-        if return_info:
-            return data, info
-        return data
-
-    return sample
+def _tensordict_replay_buffer_sample(stock: Callable) -> Callable:
+    """The stock ``TensorDictReplayBuffer.sample`` (any known release's) with :data:`SAMPLE_EDITS`."""
+    return derive_from_source(
+        stock,
+        SAMPLE_EDITS,
+        _pin_memory=_pin_memory,
+        _pin_memory_available=_pin_memory_available,
+    )
 
 
 def _decorator_of(wrapper: types.FunctionType) -> Callable | None:
@@ -357,12 +225,6 @@ class PinnedSampleOutput(Fix):
             "4a887fcaecbdef89",  # nightly 2026.10.27: wait, timeout, cancel_event
         },
     }
-    # The replacement of each stock TensorDictReplayBuffer.sample: same signature,
-    # same body, info entries pinned.
-    sample_variants = {
-        "1586db08ca9d097b": _tensordict_replay_buffer_sample,
-        "4a887fcaecbdef89": _tensordict_replay_buffer_sample_blocking,
-    }
 
     def plan(self) -> list[Replacement]:
         if _IMPORT_ERROR is not None:
@@ -377,12 +239,12 @@ class PinnedSampleOutput(Fix):
                 (TensorDictReplayBuffer, "TensorDictReplayBuffer.sample"),
             )
         }
-        sample = self.sample_variants[source_fingerprint(stock["TensorDictReplayBuffer.sample"])]
+        sample = _tensordict_replay_buffer_sample(stock["TensorDictReplayBuffer.sample"])
         stock_code = _rb_utils.pin_memory_output(lambda self: None).__code__
 
         replacements = [
             Replacement(_rb_utils, "pin_memory_output", pin_memory_output),
-            Replacement(TensorDictReplayBuffer, "sample", sample(TensorDictReplayBuffer)),
+            Replacement(TensorDictReplayBuffer, "sample", sample),
         ]
         for cls in _torchrl_subclasses(ReplayBuffer):
             for attr, method in vars(cls).items():

@@ -25,15 +25,11 @@ The functions below are TorchRL's own, changed where the fix needs it: TorchRL
 batch_time layout in front of 0.14's code), 0.11 to 0.13 in
 ``SliceSampler._get_index``; ``PrioritizedSliceSampler.sample`` is the same in
 every release. ``StreamingSliceSampler.mark_update`` is the stock method with its
-one read edited (:func:`_derived`). Each is chosen by the fingerprint of the
+one read edited (:func:`~torchrl_fixes.patching.derive_from_source`). Each is chosen by the fingerprint of the
 installed stock code.
 """
 from __future__ import annotations
-import __future__
 
-import inspect
-import linecache
-import textwrap
 import types
 from collections.abc import Sequence
 from typing import Any
@@ -44,7 +40,7 @@ from packaging.specifiers import SpecifierSet
 from tensordict import TensorDict
 from tensordict.utils import NestedKey
 
-from torchrl_fixes.patching import Replacement
+from torchrl_fixes.patching import Replacement, derive_from_source
 from torchrl_fixes.registry import Fix, TargetChanged, stock_function
 from torchrl_fixes.source_fingerprint import source_fingerprint
 
@@ -163,48 +159,9 @@ def _read_written_entries(sampler, storage: Storage, index: torch.Tensor) -> Any
     return _read_entries(storage, index, keys)
 
 
-def _derived(stock: types.FunctionType, edits: Sequence[tuple[str, str]], **names: Any) -> types.FunctionType:
-    """``stock`` with its source edited: each ``(old, new)`` text must be found exactly once.
-
-    The new function is compiled in ``stock``'s module (its globals, its ``super()``
-    class) and also sees ``names``. ``stock`` must have passed the fingerprint gate,
-    so the edits are made to known code.
-
-    Raises:
-        TargetChanged: an edit does not apply exactly once.
-
-    Examples:
-        >>> def twice(x):
-        ...     return x * 2
-        >>> thrice = _derived(twice, [("x * 2", "x * factor")], factor=3)
-        >>> thrice(2)
-        6
-    """
-    source = textwrap.dedent(inspect.getsource(stock))
-    for old, new in edits:
-        if source.count(old) != 1:
-            raise TargetChanged(f"{stock.__qualname__}: {old.strip()!r} is not found once")
-        source = source.replace(old, new)
-    cells = dict(zip(stock.__code__.co_freevars, [c.cell_contents for c in stock.__closure__ or ()]))
-    free = {**cells, **names}
-    factory = (
-        f"def _factory({', '.join(free)}):\n"
-        f"{textwrap.indent(source, '    ')}\n"
-        f"    return {stock.__name__}\n"
-    )
-    filename = f"<torchrl_fixes single_gather {stock.__module__}.{stock.__qualname__}>"
-    linecache.cache[filename] = (len(factory), None, factory.splitlines(True), filename)
-    code = compile(factory, filename, "exec", flags=__future__.annotations.compiler_flag, dont_inherit=True)
-    namespace: dict[str, Any] = {}
-    exec(code, stock.__globals__, namespace)
-    func = namespace["_factory"](*free.values())
-    func.__qualname__ = stock.__qualname__
-    return func
-
-
 def _streaming_mark_update(stock: types.FunctionType) -> types.FunctionType:
     """``StreamingSliceSampler.mark_update``, reading only the entries of the written rows it uses."""
-    return _derived(
+    return derive_from_source(
         stock,
         [("data = storage.get(storage_index)", "data = _read_written_entries(self, storage, storage_index)")],
         _read_written_entries=_read_written_entries,

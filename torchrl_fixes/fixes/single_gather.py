@@ -234,81 +234,32 @@ def _finalize_index(
     return index, info
 
 
-def _finalize_index_batch_time(
-    self,
-    *,
-    index: torch.Tensor,
-    num_slices: int,
-    seq_length: int | torch.Tensor,
-    target_seq_length: int | None,
-    mask_flat: torch.Tensor | None,
-    storage: Storage,
-) -> tuple[tuple[torch.Tensor, ...], dict[str, Any]]:
-    """``SliceSampler._finalize_index`` of TorchRL main, reading only the entries the info needs.
+# TorchRL main's SliceSampler._finalize_index (torchrl-nightly 2026.10.27) is the 0.14
+# one with the batch_time layout in front: the fix is its own source with its three
+# reads of full rows (storage[...]) made reads of the entries the info uses.
+FINALIZE_INDEX_EDITS = (
+    (
+        "st_index = storage[flat_index]\n",
+        "st_index = _read_entries(storage, flat_index, (self.init_key,))\n",
+    ),
+    (
+        "st_index = storage[index]\n        done = ",
+        "st_index = _read_entries(\n"
+        "            storage, index, (done_key, terminated_key, self.init_key)\n"
+        "        )\n"
+        "        done = ",
+    ),
+    (
+        "st_index = storage[index]\n    self._maybe_emit_init_marker(",
+        "st_index = _read_entries(storage, index, (self.init_key,))\n"
+        "    self._maybe_emit_init_marker(",
+    ),
+)
 
-    TorchRL main adds the ``output_layout="batch_time"`` layout in front of the
-    0.14 code, which follows unchanged (:func:`_finalize_index`).
-    """
-    if self.output_layout == "batch_time":
-        time_size = (
-            target_seq_length
-            if target_seq_length is not None
-            else seq_length
-            if isinstance(seq_length, int)
-            else None
-        )
-        if time_size is None or index.shape[0] != num_slices * time_size:
-            raise RuntimeError(
-                "Could not form a stable batch-time SliceSampler output. "
-                f"output_layout={self.output_layout!r}, "
-                f"strict_length={self.strict_length}, "
-                f"pad_output={self.pad_output}, num_slices={num_slices}, "
-                f"seq_length_shape={getattr(seq_length, 'shape', None)}, "
-                f"target_seq_length={target_seq_length}, "
-                f"index_shape={tuple(index.shape)}. Please report this "
-                "issue with the sampler configuration."
-            )
-        if not self.strict_length and mask_flat is None:
-            mask_flat = torch.ones(
-                index.shape[0], dtype=torch.bool, device=index.device
-            )
 
-        slice_end = torch.zeros(
-            (index.shape[0], 1), dtype=torch.bool, device=index.device
-        )
-        if isinstance(seq_length, int):
-            slice_end.view(num_slices, time_size)[:, seq_length - 1] = True
-        else:
-            positions = torch.arange(
-                num_slices, device=seq_length.device
-            ) * time_size + (seq_length - 1).clamp_min(0)
-            slice_end[positions] = True
-
-        flat_index = index.to(torch.long).unbind(-1)
-        # Only the init flags are read here: the buffer gathers the full rows.
-        st_index = _read_entries(storage, flat_index, (self.init_key,))
-        info = {self.slice_end_key: slice_end}
-        if mask_flat is not None:
-            info[("collector", "mask")] = mask_flat
-        self._maybe_emit_init_marker(
-            info, st_index, num_slices, seq_length, target_seq_length
-        )
-
-        index = index.reshape(num_slices, time_size, index.shape[-1])
-        info = {
-            key: value.reshape(num_slices, time_size, *value.shape[1:])
-            for key, value in info.items()
-        }
-        return index.unbind(-1), info
-    return _finalize_index(
-        self,
-        index=index,
-        num_slices=num_slices,
-        seq_length=seq_length,
-        target_seq_length=target_seq_length,
-        mask_flat=mask_flat,
-        storage=storage,
-    )
+def _finalize_index_from_stock(stock: types.FunctionType) -> types.FunctionType:
+    """``stock`` (TorchRL main's ``SliceSampler._finalize_index``) with :data:`FINALIZE_INDEX_EDITS`."""
+    return derive_from_source(stock, FINALIZE_INDEX_EDITS, _read_entries=_read_entries)
 
 
 def _get_index_0_13(
@@ -733,10 +684,11 @@ class SingleGather(Fix):
 
     # The method that builds the slice info, by release: (its name, its stock
     # fingerprint, the stock fingerprint of the _maybe_emit_init_marker it calls
-    # or None where there is none, the replacement).
+    # or None where there is none, the replacement; None: the stock code with
+    # FINALIZE_INDEX_EDITS).
     variants = (
         # torchrl-nightly 2026.10.27 (TorchRL main): the batch_time layout
-        ("_finalize_index", "e4c6482012fecc92", "c6ecacb2f419f943", _finalize_index_batch_time),
+        ("_finalize_index", "e4c6482012fecc92", "c6ecacb2f419f943", None),
         ("_finalize_index", "dec80b91b8a93985", "c6ecacb2f419f943", _finalize_index),  # 0.14.1
         ("_get_index", "1a637a5ac58f793b", "60f5ba7223d77b67", _get_index_0_13),  # 0.13.3
         ("_get_index", "39dfa19478982190", None, _get_index_0_11),  # 0.11.1, 0.12.0
@@ -808,6 +760,8 @@ class SingleGather(Fix):
         _, _, marker, new = next(
             v for v in self.variants if v[0] == builder and v[1] == source_fingerprint(stock)
         )
+        if new is None:
+            new = _finalize_index_from_stock(stock)
         if marker is not None:
             stock_function(SliceSampler, "_maybe_emit_init_marker", {marker})
         stock_function(PrioritizedSliceSampler, "sample", self.prioritized_fingerprints)

@@ -13,14 +13,14 @@ any requirement pip takes, for example a wheel file or ``torch==2.13.0+cpu``:
     nox -s tests                     # unit tests + conformance on TorchRL 0.14.1
     nox -s conformance               # conformance on every supported release and the nightly
     nox -s "conformance(torchrl='0.12.0')"
-    nox -s "conformance(torchrl='nightly')"   # the pinned torchrl-nightly build (NIGHTLY)
+    nox -s "conformance(torchrl='nightly')"   # the pinned torchrl-nightly build (devtools/torchrl_matrix.py)
     nox -s conformance_extension     # prioritized buffers, where TorchRL's C++ extension loads
     nox -s lint
     nox -s benchmark                 # the main job: stock vs patched timings, table and plot
     nox -s benchmark -- --full       # adds the 346M-transition rows (memory: python -m devtools bench --help)
     nox -s benchmark -- --compare BASELINE.json
     nox -s compare                   # stock vs patched outputs (pinning), side by side
-    nox -s upstream                  # patches/ applied to TorchRL 0.14.1's source, no runtime patching
+    nox -s upstream                  # each series of patches/ applied to its TorchRL's source, no runtime patching
 
 ``benchmark``, ``compare`` and ``upstream`` run the repository's development tooling,
 ``python -m devtools``, from this folder.
@@ -28,38 +28,21 @@ any requirement pip takes, for example a wheel file or ``torch==2.13.0+cpu``:
 from __future__ import annotations
 
 import os
+import sys
 
 import nox
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from devtools.torchrl_matrix import MATRIX, NEWEST, torchrl_requirements  # noqa: E402
 
 nox.options.reuse_existing_virtualenvs = True
 nox.options.sessions = ["lint", "tests", "conformance", "conformance_extension"]
 
 # The torch requirement every session installs first (see the module docstring).
 TORCH = os.environ.get("TORCHRL_FIXES_TORCH", "").strip() or "torch==2.13.0"
-# TorchRL release -> the tensordict release it is tested with (the newest its pin admits).
-RELEASES = {
-    "0.11.1": "0.11.0",
-    "0.12.0": "0.12.4",
-    "0.13.3": "0.13.0",
-    "0.14.1": "0.14.3",
-}
-NEWEST = "0.14.1"
-# The next release as it stands: one dated build of upstream main and the tensordict
-# build it was made with. Moving to a newer build is this one line.
-NIGHTLY = ("torchrl-nightly==2026.10.27", "tensordict-nightly==2026.10.26")
-# Every TorchRL the suite runs on: the releases, then "nightly".
-MATRIX = [*RELEASES, "nightly"]
-
-
-def _torchrl_requirements(torchrl: str) -> list[str]:
-    if torchrl == "nightly":
-        return list(NIGHTLY)
-    return [f"torchrl=={torchrl}", f"tensordict=={RELEASES[torchrl]}"]
-
-
 def _install(session: nox.Session, torchrl: str, torch: str = TORCH) -> None:
     session.install(torch)
-    session.install("-e", ".[test]", *_torchrl_requirements(torchrl))
+    session.install("-e", ".[test]", *torchrl_requirements(torchrl))
 
 
 @nox.session
@@ -122,21 +105,24 @@ def benchmark(session: nox.Session) -> None:
     (``python -m devtools bench --help`` says what each does and what ``--full`` needs).
     """
     session.install(TORCH)
-    session.install("-e", ".[bench]", *_torchrl_requirements(NEWEST))
+    session.install("-e", ".[bench]", *torchrl_requirements(NEWEST))
     session.run("python", "-m", "devtools", "bench", *session.posargs)
 
 
 @nox.session
-def upstream(session: nox.Session) -> None:
+@nox.parametrize("torchrl", [NEWEST, "nightly"])
+def upstream(session: nox.Session, torchrl: str) -> None:
     """The upstream diffs, proven by the same suite with no runtime patching.
 
-    Checks that ``patches/`` is what the runtime fixes write, copies the installed
-    TorchRL 0.14.1 into a temporary folder, applies every patch with ``git apply``,
-    then runs the conformance suite and the speed benchmarks against that copy with
-    ``TORCHRL_FIXES=0``. Stock, for the comparison, is compiled from the untouched
-    install (``conformance/stock_source.py``). Arguments after ``--`` go to pytest.
+    One run per series of ``patches/``: the 0.14.1 series with torchrl 0.14.1, the
+    ``patches/main/`` series with the pinned torchrl-nightly build. Checks that the
+    series is what the runtime fixes write, copies the installed TorchRL into a
+    temporary folder, applies the series with ``git apply``, then runs the conformance
+    suite and the speed benchmarks against that copy with ``TORCHRL_FIXES=0``. Stock,
+    for the comparison, is compiled from the untouched install
+    (``conformance/stock_source.py``). Arguments after ``--`` go to pytest.
     """
-    _install(session, NEWEST)
+    _install(session, torchrl)
     session.run("python", "-m", "devtools", "export-patches", "--check")
     work = os.path.abspath(session.create_tmp())
     source = os.path.join(work, "torchrl-patched")
@@ -152,4 +138,29 @@ def upstream(session: nox.Session) -> None:
     session.run("python", "-m", "pytest", "conformance", *session.posargs, env=env)
     session.run(
         "python", "-m", "devtools", "bench", "--out", os.path.join(work, "results"), env=env
+    )
+
+
+@nox.session
+@nox.parametrize("torchrl", MATRIX)
+def torchrl_suite(session: nox.Session, torchrl: str) -> None:
+    """TorchRL's own replay-buffer tests, stock and then with the fixes; fails if one is lost.
+
+    Needs a checkout of pytorch/rl's tests that match this TorchRL (never committed here):
+
+        nox -s "torchrl_suite(torchrl='0.14.1')" -- /path/to/rl/test/rb [pytest args]
+
+    See ``devtools/run_torchrl_suite.sh``.
+    """
+    if not session.posargs:
+        session.error("give the test/rb folder of a pytorch/rl checkout that matches this TorchRL")
+    _install(session, torchrl)
+    session.run(
+        "bash",
+        "devtools/run_torchrl_suite.sh",
+        session.posargs[0],
+        session.virtualenv.location,
+        os.path.join(session.virtualenv.location, "torchrl-suite"),
+        *session.posargs[1:],
+        external=True,
     )

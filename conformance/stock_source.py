@@ -348,6 +348,13 @@ def build(stock_root: Path) -> StockReference:
             stock = _MISSING if definition.stock is None else _compile(definition, module, owner)
             if stock is not _MISSING:
                 reference.stock_objects[(owner, definition.name)] = stock
+            if isinstance(patched, staticmethod) and isinstance(stock, staticmethod):
+                # no instance to tell stock objects by: stock inside the stock block
+                function = _function_dispatcher(reference, module, stock.__func__, patched.__func__)
+                setattr(owner, definition.name, staticmethod(function))
+                if owner not in owners:
+                    owners.append(owner)
+                continue
             if isinstance(patched, (staticmethod, classmethod, property)) or isinstance(
                 stock, (staticmethod, classmethod, property)
             ):

@@ -90,6 +90,7 @@ def test_release_below_every_range_is_skipped_with_its_reason(monkeypatch):
     assert len(caught) == len(ALL_FIXES)
 
 
+@reference.runtime_only
 @pytest.mark.parametrize("release", ["0.15.0", "1.0.0", "2026.12.1"])
 def test_newer_release_with_the_same_code_applies(monkeypatch, release):
     """No upper version cap: a later release (or a date-versioned nightly) whose targets are

@@ -85,14 +85,15 @@ def parser() -> argparse.ArgumentParser:
         "export-patches",
         help="write the upstream diffs of patches/ from the runtime fixes",
         description="Writes patches/0002 and later from the runtime fixes and the installed "
-        "TorchRL (which must be the release the patches target, untouched).",
+        "TorchRL, untouched: patches/ with torchrl 0.14.1 installed, patches/main/ with the "
+        "pinned torchrl-nightly build.",
     )
     export.add_argument(
         "--check",
         action="store_true",
         help="write nothing; exit 1 if a patch in the folder is not what the fixes write",
     )
-    export.add_argument("--patches", type=Path, default=None, help="the patches folder (default: patches/)")
+    export.add_argument("--patches", type=Path, default=None, help="the patches folder (default: the installed TorchRL's series, patches/ for 0.14.1, patches/main/ for the nightly)")
 
     copy = commands.add_parser(
         "patched-copy",
@@ -112,8 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("export-patches", "patched-copy"):
         from devtools import upstream_patches
 
-        folder = args.patches or upstream_patches.PATCHES_DIR
         try:
+            folder = args.patches or upstream_patches.installed_series().folder
             if args.command == "patched-copy":
                 print(upstream_patches.patched_copy(args.dest, folder))
                 return 0

@@ -17,6 +17,10 @@ prints them.
 ``0001-pinned-sample-output.patch`` is written by hand; its functions are checked
 against the runtime fix by source fingerprint (``tests/test_upstream_patches.py``).
 The patches are applied in order, each to the source the earlier ones produced.
+
+There is one series per TorchRL source (:data:`SERIES`): ``patches/`` for the 0.14.1
+release, ``patches/main/`` for TorchRL main as the pinned ``torchrl-nightly`` build
+has it. Each is written, checked and applied with that TorchRL installed.
 """
 from __future__ import annotations
 
@@ -32,10 +36,43 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-TORCHRL_RELEASE = "0.14.1"
+from devtools.torchrl_matrix import NIGHTLY, NIGHTLY_VERSION
+
 RB = "torchrl/data/replay_buffers"
 PATCHES_DIR = Path(__file__).resolve().parent.parent / "patches"
-HAND_WRITTEN = ("0001-pinned-sample-output.patch",)
+
+
+@dataclass(frozen=True)
+class Series:
+    """One series of upstream patches: the TorchRL source it applies to, and its files.
+
+    Attributes:
+        name (str): how the series is named (``"0.14.1"``, ``"main"``).
+        torchrl (str): the installed TorchRL version the series is written against.
+        label (str): that source, in words, for the patch headers.
+        folder (Path): where its generated patches live.
+        hand_written (tuple of Path): patches written by hand, applied first.
+    """
+
+    name: str
+    torchrl: str
+    label: str
+    folder: Path
+    hand_written: tuple[Path, ...]
+
+
+# The pinning patch is written by hand and applies to both sources as it is.
+_PIN_PATCH = PATCHES_DIR / "0001-pinned-sample-output.patch"
+SERIES = (
+    Series("0.14.1", "0.14.1", "torchrl 0.14.1", PATCHES_DIR, (_PIN_PATCH,)),
+    Series(
+        "main",
+        NIGHTLY_VERSION,
+        f"torchrl main (as built by {NIGHTLY[0]})",
+        PATCHES_DIR / "main",
+        (_PIN_PATCH,),
+    ),
+)
 
 _LICENSE = """\
 # Copyright (c) Meta Platforms, Inc. and affiliates.
@@ -299,9 +336,23 @@ def _names_from(module_name: str, statements) -> tuple[str, ...]:
 
 def patches() -> list[UpstreamPatch]:
     """The generated patches, in order."""
+    import torchrl_fixes
     from torchrl_fixes.fixes import single_gather
-    from torchrl_fixes.fixes.slice_boundary_index import INLINE_HOOKS
+    from torchrl_fixes.fixes.slice_boundary_index import (
+        INLINE_HOOKS,
+        SAMPLE_UNIT_HOOKS,
+        _sample_unit_replacements,
+    )
     from torchrl_fixes.patching import get_original
+
+    with torchrl_fixes.disabled():  # the fixes are planned against stock code
+        hooks = dict(INLINE_HOOKS)
+        if _sample_unit_replacements():  # TorchRL main: its sample units read the index too
+            hooks.update(SAMPLE_UNIT_HOOKS)
+        # what the runtime fix puts in place of the method that builds the slice info
+        finalize_index = {
+            rep.name: rep.new for rep in single_gather.SingleGather().plan()
+        }["_finalize_index"]
 
     boundary_edits: list = [
         NewModule(f"{RB}/trajectory_boundaries.py", "torchrl_fixes.trajectory_boundaries"),
@@ -312,7 +363,7 @@ def patches() -> list[UpstreamPatch]:
         ),
     ]
     statements_by_file: dict[str, list[str]] = {}
-    for (path, qualname), (before, after) in INLINE_HOOKS.items():
+    for (path, qualname), (before, after) in hooks.items():
         boundary_edits.append(InlineStatements(f"{RB}/{path}", qualname, before, after))
         statements_by_file.setdefault(path, []).extend((*before, *after))
     for path, statements in statements_by_file.items():
@@ -338,7 +389,7 @@ def patches() -> list[UpstreamPatch]:
                     "torchrl.data.replay_buffers.storages",
                     ("LazyMemmapStorage", "LazyTensorStorage"),
                 ),
-                ReplaceFunction(f"{RB}/samplers/slice.py", "SliceSampler._finalize_index", single_gather._finalize_index),
+                ReplaceFunction(f"{RB}/samplers/slice.py", "SliceSampler._finalize_index", finalize_index),
                 ReplaceFunction(
                     f"{RB}/samplers/prioritized_slice.py",
                     "PrioritizedSliceSampler.sample",
@@ -370,15 +421,27 @@ def patches() -> list[UpstreamPatch]:
 # ---------------------------------------------------------------------------
 
 
-def installed_torchrl_root() -> Path:
-    """The directory holding the installed ``torchrl`` package, checked to be the targeted release."""
-    import torchrl
+def installed_series() -> Series:
+    """The series written against the installed TorchRL.
 
+    Raises:
+        ExportError: no series targets the installed TorchRL.
+    """
     from torchrl_fixes.versions import installed_version
 
     version = str(installed_version("torchrl"))
-    if version != TORCHRL_RELEASE:
-        raise ExportError(f"the patches target TorchRL {TORCHRL_RELEASE}; {version} is installed")
+    for series in SERIES:
+        if series.torchrl == version:
+            return series
+    known = ", ".join(f"{s.name} ({s.label})" for s in SERIES)
+    raise ExportError(f"no series of patches/ targets TorchRL {version}; the series: {known}")
+
+
+def installed_torchrl_root() -> Path:
+    """The directory holding the installed ``torchrl`` package, which a series targets."""
+    import torchrl
+
+    installed_series()
     return Path(torchrl.__file__).parent.parent
 
 
@@ -420,13 +483,14 @@ def _git_apply(root: Path, patch: Path) -> None:
 
 
 def render(site: Path | None = None) -> dict[str, str]:
-    """Patch file name -> its text, for every generated patch."""
+    """Patch file name -> its text, for every generated patch of the installed TorchRL's series."""
     site = site or installed_torchrl_root()
+    series = installed_series()
     files: dict[str, str] = {}  # repository path -> text, as the earlier patches leave it
     rendered: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as tmp:
         tree = Path(tmp)
-        hand = [PATCHES_DIR / name for name in HAND_WRITTEN]
+        hand = list(series.hand_written)
         paths = [path for patch in hand for path in _paths_written(patch.read_text())]
         for path in paths:
             (tree / path).parent.mkdir(parents=True, exist_ok=True)
@@ -452,15 +516,15 @@ def render(site: Path | None = None) -> dict[str, str]:
             new_modules = [e for e in edits if isinstance(e, NewModule)]
             if new_modules:
                 if text is not None:
-                    raise ExportError(f"{path} already exists in TorchRL {TORCHRL_RELEASE}")
+                    raise ExportError(f"{path} already exists in {series.label}")
                 after[path] = _module_text(new_modules[0])
                 continue
             if text is None:
-                raise ExportError(f"{path} is not in TorchRL {TORCHRL_RELEASE}")
+                raise ExportError(f"{path} is not in {series.label}")
             before[path] = text
             after[path] = _apply_edits(text, edits)
         files.update(after)
-        rendered[patch.filename] = _header(patch) + "\n" + _git_diff(before, after)
+        rendered[patch.filename] = _header(patch, series) + "\n" + _git_diff(before, after)
     return rendered
 
 
@@ -479,7 +543,7 @@ def fallbacks_text(fix: str, indent: int = 4, width: int = 80) -> str:
     )
 
 
-def _header(patch: UpstreamPatch) -> str:
+def _header(patch: UpstreamPatch, series: Series) -> str:
     depends = ", ".join(f"{n:04d}" for n in patch.depends_on) or "nothing"
     header = patch.header
     if FALLBACKS in header:
@@ -487,7 +551,7 @@ def _header(patch: UpstreamPatch) -> str:
     return (
         header.rstrip("\n")
         + "\n\n"
-        + f"Applies to: torchrl {TORCHRL_RELEASE}, with `git apply -p1` from the repository root,\n"
+        + f"Applies to: {series.label}, with `git apply -p1` from the repository root,\n"
         + "  after the patches before it.\n"
         + f"Depends on: {depends}.\n"
         + "Written by `python -m devtools export-patches` from the runtime fix\n"
@@ -495,8 +559,21 @@ def _header(patch: UpstreamPatch) -> str:
     )
 
 
-def patched_copy(dest: Path, patches_dir: Path = PATCHES_DIR) -> Path:
-    """Copies the installed ``torchrl`` package into ``dest`` and applies every patch, in order.
+def series_patches(series: Series, folder: Path | None = None) -> list[Path]:
+    """Every patch of ``series``, in the order they apply (``folder`` replaces its own)."""
+    folder = Path(folder) if folder is not None else series.folder
+    hand = {patch.name: patch for patch in series.hand_written}
+    generated = {p.name: p for p in folder.glob("[0-9][0-9][0-9][0-9]-*.patch")}
+    return [{**generated, **hand}[name] for name in sorted({**generated, **hand})]
+
+
+def patched_copy(dest: Path, patches_dir: Path | None = None) -> Path:
+    """Copies the installed ``torchrl`` package into ``dest`` and applies its series, in order.
+
+    Args:
+        dest (Path): the folder to copy ``torchrl`` into.
+        patches_dir (Path, optional): a folder to take the generated patches from
+            instead of the series' own.
 
     Returns:
         The untouched installed package directory (the stock source).
@@ -506,7 +583,7 @@ def patched_copy(dest: Path, patches_dir: Path = PATCHES_DIR) -> Path:
     if target.exists():
         raise ExportError(f"{target} already exists")
     shutil.copytree(site / "torchrl", target, ignore=shutil.ignore_patterns("__pycache__"))
-    for patch in sorted(Path(patches_dir).glob("[0-9][0-9][0-9][0-9]-*.patch")):
+    for patch in series_patches(installed_series(), patches_dir):
         _git_apply(Path(dest), patch)
         for path in _paths_written(patch.read_text()):
             written, stock = Path(dest) / path, site / path
@@ -520,13 +597,15 @@ def _paths_written(diff: str) -> list[str]:
     return [line[len("+++ b/") :] for line in diff.splitlines() if line.startswith("+++ b/")]
 
 
-def export(out: Path = PATCHES_DIR, *, check: bool = False) -> list[str]:
-    """Writes the generated patches to ``out``; with ``check``, lists those that differ instead.
+def export(out: Path | None = None, *, check: bool = False) -> list[str]:
+    """Writes the generated patches of the installed TorchRL's series to ``out`` (its folder
+    by default); with ``check``, lists those that differ instead.
 
     Returns:
         The file names written (or, with ``check``, out of date).
     """
     rendered = render()
+    out = Path(out) if out is not None else installed_series().folder
     changed = []
     for name, text in rendered.items():
         target = out / name

@@ -17,9 +17,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
 import torchrl_fixes
 from devtools import upstream_patches
+from devtools.torchrl_matrix import NIGHTLY_VERSION
 from torchrl_fixes.fixes import pinned_sample_output as pinned
 from torchrl_fixes.fixes.slice_boundary_index import INLINE_HOOKS, SliceBoundaryIndex
 from torchrl_fixes.source_fingerprint import fingerprint_source, source_fingerprint
@@ -240,3 +242,30 @@ def test_patched_copy_inside_a_git_work_tree(tmp_path):
     upstream_patches.patched_copy(dest)
     assert (dest / "torchrl/data/replay_buffers/storage_boundaries.py").is_file()
     assert "_read_entries" in (dest / "torchrl/data/replay_buffers/samplers/slice.py").read_text()
+
+
+def test_each_series_lists_its_patches_in_order():
+    """patches/ holds a series per TorchRL source; the pinning patch, written by hand, serves both."""
+    by_name = {series.name: series for series in upstream_patches.SERIES}
+    assert upstream_patches.installed_series() is by_name["0.14.1"]
+    expected = {
+        "0.14.1": ["0001-pinned-sample-output.patch", "0002-slice-boundary-index.patch",
+                   "0003-single-gather.patch"],
+        "main": ["0001-pinned-sample-output.patch", "main/0002-slice-boundary-index.patch",
+                 "main/0003-single-gather.patch"],
+    }
+    for name, files in expected.items():
+        listed = upstream_patches.series_patches(by_name[name])
+        assert [str(p.relative_to(upstream_patches.PATCHES_DIR)) for p in listed] == files
+        assert all(p.is_file() for p in listed)
+    assert by_name["main"].torchrl == NIGHTLY_VERSION
+
+
+def test_no_series_for_the_installed_torchrl_is_one_clear_error(monkeypatch):
+    """export-patches with a TorchRL no series targets: one line naming it and the series."""
+    monkeypatch.setattr("torchrl_fixes.versions.installed_version", lambda name: Version("0.13.3"))
+    with pytest.raises(upstream_patches.ExportError) as excinfo:
+        upstream_patches.installed_series()
+    message = str(excinfo.value)
+    assert "TorchRL 0.13.3" in message and "0.14.1" in message and "main" in message
+    assert "\n" not in message

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tomllib
 
 import nox
 
@@ -40,9 +41,24 @@ nox.options.sessions = ["lint", "tests", "conformance", "conformance_extension"]
 
 # The torch requirement every session installs first (see the module docstring).
 TORCH = os.environ.get("TORCHRL_FIXES_TORCH", "").strip() or "torch==2.13.0"
+def _test_requirements() -> list[str]:
+    """pyproject.toml's test extra and runtime requirements, less torch, torchrl and tensordict."""
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "pyproject.toml"), "rb") as f:
+        project = tomllib.load(f)["project"]
+    runtime = [r for r in project["dependencies"] if not r.startswith(("torch", "tensordict"))]
+    return [*project["optional-dependencies"]["test"], *runtime]
+
+
 def _install(session: nox.Session, torchrl: str, torch: str = TORCH) -> None:
     session.install(torch)
-    session.install("-e", ".[test]", *torchrl_requirements(torchrl))
+    if torchrl == "nightly":
+        # torchrl-nightly and tensordict-nightly hold the torchrl and tensordict packages
+        # under other names: this project's requirements on torchrl and tensordict would
+        # install the releases over them, so it goes in without its requirements.
+        session.install(*torchrl_requirements(torchrl), *_test_requirements())
+        session.install("--no-deps", "-e", ".")
+    else:
+        session.install("-e", ".[test]", *torchrl_requirements(torchrl))
 
 
 @nox.session

@@ -1,10 +1,13 @@
 """Installing and removing replacements, and the lookups of the saved originals."""
 from __future__ import annotations
 
+import inspect
+
 import pytest
 
 from torchrl_fixes import get_original, is_object_patched, patching
-from torchrl_fixes.patching import Replacement
+from torchrl_fixes.patching import Replacement, derive_from_source, wrap_with_statements
+from torchrl_fixes.registry import TargetChanged
 
 
 @pytest.fixture
@@ -268,3 +271,53 @@ def test_lookups_by_object_and_by_dotted_path(installs, make_module):
     for owner in (Thing, class_path):
         assert is_object_patched(owner, "method") is False
     assert is_object_patched(inner_path, "method") is False
+
+
+def test_wrap_with_statements_keeps_the_signature_and_passes_arguments_on():
+    """The wrapper takes exactly the stock arguments and hands them on as they came."""
+    def stock(a, b=1, /, c=2, *args, d, e=5, **kwargs):
+        return a, b, c, args, d, e, kwargs
+
+    seen = []
+    wrapped = wrap_with_statements(
+        stock, before=["seen.append(('before', a, d))"], after=["seen.append(('after', e))"],
+        namespace={"seen": seen},
+    )
+    assert inspect.signature(wrapped) == inspect.signature(stock)
+    for args, kwargs in [((1,), {"d": 4}), ((1, 2, 3, 4, 5), {"d": 6, "e": 7, "z": 8})]:
+        assert wrapped(*args, **kwargs) == stock(*args, **kwargs)
+    assert seen == [("before", 1, 4), ("after", 5), ("before", 1, 6), ("after", 7)]
+    with pytest.raises(TypeError):
+        wrapped(1, c=3)  # d is required, as in stock
+
+
+def test_wrap_with_statements_returns_early_and_reads_its_namespace_live():
+    """A statement before the call may return; names are looked up in the namespace at call
+    time (not copied), so a later change there is seen."""
+    def stock(x):
+        return ("stock", x)
+
+    namespace = {"shortcut": lambda x: None}
+    wrapped = wrap_with_statements(
+        stock, before=["hit = shortcut(x)", "if hit is not None:\n    return hit"],
+        namespace=namespace,
+    )
+    assert wrapped(3) == ("stock", 3)
+    namespace["shortcut"] = lambda x: ("index", x)
+    assert wrapped(3) == ("index", 3)
+
+
+def test_derive_from_source_applies_each_edit_once_or_refuses():
+    """An edit that does not match exactly once is a TargetChanged, never a half-edited function."""
+    def stock(rows):
+        total = 0
+        for row in rows:
+            total += row
+        return total
+
+    doubled = derive_from_source(stock, [("total += row", "total += scale * row")], scale=2)
+    assert doubled([1, 2, 3]) == 12 and stock([1, 2, 3]) == 6
+    with pytest.raises(TargetChanged, match="not found once"):
+        derive_from_source(stock, [("total -= row", "total += row")])
+    with pytest.raises(TargetChanged, match="not found once"):
+        derive_from_source(stock, [("total", "sum_")])  # four matches

@@ -200,8 +200,8 @@ def wrap_with_statements(
     patch writes at the top and at the end of the method's body, so the runtime fix
     and the diff run the same code. The wrapper has ``original``'s signature (its
     arguments are passed on as they came), its statements see the arguments by name
-    and the names of ``namespace`` (its globals), a statement of ``before`` may ``return`` early,
-    and what ``original`` returned is returned. Its source is registered with
+    and the names of ``namespace`` (its globals), a statement of ``before`` may
+    ``return`` early, and what ``original`` returned is returned. Its source is registered with
     :mod:`linecache`, so :func:`inspect.getsource` and tracebacks show it.
 
     Args:

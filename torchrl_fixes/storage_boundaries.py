@@ -661,7 +661,7 @@ def _unseen_writers_reason(state, storage) -> str | None:
 
 
 
-def _unit_sampler(storage, state, done_key):
+def _unit_sampler(state, done_key):
     """A slice sampler that reads ``done_key`` as named: what a sample unit's boundaries are."""
     from torchrl.data.replay_buffers.samplers import SliceSampler
 
@@ -692,7 +692,7 @@ def _seed_episode_boundaries(storage, done_key, device) -> None:
     if not isinstance(storage, TensorStorage):
         return
     state = _boundary_state(storage)
-    boundaries = _boundary_index_boundaries(_unit_sampler(storage, state, done_key), storage)
+    boundaries = _boundary_index_boundaries(_unit_sampler(state, done_key), storage)
     if boundaries is None:
         return
     shape = tuple(storage.shape)

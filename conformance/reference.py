@@ -113,11 +113,23 @@ def stock_attribute(owner: Any, name: str) -> Any:
     return torchrl_fixes.get_original(owner, name)
 
 
-def boundary_index_module():
-    """The module of the slice boundary index (``_AGREEMENT_BATCH``, ``boundary_source``)."""
+def boundary_index_module(part: str = "slice"):
+    """A module of the slice boundary index: ``"slice"`` (what samplers read:
+    ``boundary_source``, ``fallback_reason``) or ``"storage"`` (the storage's entry:
+    ``_AGREEMENT_BATCH``, ``_storage_boundaries``)."""
+    name = {"slice": "slice_boundaries", "storage": "storage_boundaries"}[part]
     if UPSTREAM:
-        return importlib.import_module("torchrl.data.replay_buffers.storage_boundaries")
-    return importlib.import_module("torchrl_fixes.storage_boundaries")
+        return importlib.import_module(f"torchrl.data.replay_buffers.{name}")
+    return importlib.import_module(f"torchrl_fixes.{name}")
+
+
+def fallback_reason(sampler, storage):
+    """Why ``sampler`` recovers the boundaries of ``storage`` as stock does (None: it does not)."""
+    if UPSTREAM:
+        return boundary_index_module().fallback_reason(sampler, storage)
+    from torchrl_fixes.fixes.slice_boundary_index import fallback_reason
+
+    return fallback_reason(sampler, storage)
 
 
 def pin_memory_function():

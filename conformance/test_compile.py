@@ -8,6 +8,9 @@ boundary index must still return stock's boundaries afterwards.
 """
 from __future__ import annotations
 
+import importlib
+import inspect
+
 import pytest
 import torch
 from tensordict import TensorDict
@@ -15,6 +18,12 @@ from torchrl.data import LazyTensorStorage, ReplayBuffer, SliceSampler
 
 from conformance import reference
 from conformance.harness import assert_identical, run_patched, run_stock
+
+
+def _counted_by_torchrl(storage, name: str) -> bool:
+    """Whether TorchRL itself keeps the counter ``name`` (before 0.14 the fix backports one)."""
+    counter = inspect.getattr_static(type(storage), name, None)
+    return getattr(getattr(counter, "fget", None), "__module__", "").startswith("torchrl.")
 
 
 def _compiled_writes():
@@ -31,7 +40,7 @@ def _compiled_writes():
     counters = [
         int(getattr(storage, name))
         for name in ("_mutation_revision", "_last_cursor_index")
-        if hasattr(type(storage), name)
+        if _counted_by_torchrl(storage, name)
     ]
     return len(storage), counters, storage[:75].clone()
 
@@ -70,8 +79,10 @@ def _sample_after_unrecorded_write(monkeypatch):
     # A write run as compiled code runs it: torch.compiler.is_compiling() is True.
     with monkeypatch.context() as patch:
         patch.setattr(torch.compiler, "is_compiling", lambda: True)
-        module = reference.boundary_index_module()
-        if hasattr(module, "is_compiling"):
+        modules = [reference.boundary_index_module("storage")]
+        if not reference.UPSTREAM:
+            modules.append(importlib.import_module("torchrl_fixes.mutation_revision"))
+        for module in modules:
             patch.setattr(module, "is_compiling", lambda: True)
         rb.storage.set(torch.arange(120, 200), _episodes(120, 80, 7))
     out.append(rb.sample())
@@ -94,11 +105,10 @@ def test_write_unseen_by_the_index_gives_stock_samples(monkeypatch):
 )
 def test_compilable_storage_fallback_is_reported_only_without_a_revision():
     """status: a compilable storage falls back only where the storage counts no mutations."""
-    module = reference.boundary_index_module()
     storage = LazyTensorStorage(50, compilable=True)
     storage.set(torch.arange(20), _episodes(0, 20, 5))
-    reason = module.fallback_reason(SliceSampler(num_slices=2, traj_key="episode"), storage)
-    if hasattr(type(storage), "_mutation_revision"):
+    reason = reference.fallback_reason(SliceSampler(num_slices=2, traj_key="episode"), storage)
+    if _counted_by_torchrl(storage, "_mutation_revision"):
         assert reason is None
     else:
         assert reason.startswith("compilable=True storage")

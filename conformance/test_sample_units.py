@@ -107,10 +107,9 @@ def test_sample_unit_reads_the_index_not_the_column():
     rb.extend(_rows(0, 600, length=9))
     rb.sample()
     rb.extend(_rows(600, 10, length=9))
-    module = reference.boundary_index_module()
-    state = rb.storage.__dict__[module._STATE_ATTR]
-    index = next(iter(state.indexes.values()))
+    entry = reference.boundary_index_module("storage")._storage_boundaries(rb.storage)
+    index = next(iter(entry.indexes.values()))
     assert index.pending_rows == 10
     rb.sample()
     assert index.pending_rows == 0
-    assert module.boundary_source(rb.storage) == ("end", ("next", "done"))
+    assert reference.boundary_index_module().boundary_source(rb.storage) == ("end", ("next", "done"))

@@ -846,7 +846,7 @@ def test_agreement_follows_the_writes(
     setup = edge_setup(sampler, cache, storage=storage, keys="unnamed", strict_length=False)
     require(setup, request)
     if checked == "every-write":
-        monkeypatch.setattr(reference.boundary_index_module(), "_AGREEMENT_BATCH", 1)
+        monkeypatch.setattr(reference.boundary_index_module("storage"), "_AGREEMENT_BATCH", 1)
 
     def factory(sources):
         def run():

@@ -81,16 +81,35 @@ _LICENSE = """\
 # LICENSE file in the root directory of this source tree.
 """
 
-# Runtime module text -> TorchRL module text. Every rewrite must apply.
+# The runtime's boundary cache: TorchRL's own, or its backport before TorchRL 0.14.
+_CACHE_IMPORT = """\
+try:
+    from torchrl.data.replay_buffers.utils import (
+        _REPLAY_BOUNDARY_CACHE,
+        _REPLAY_BOUNDARY_CACHE_LOCK,
+    )
+except ImportError:  # TorchRL before 0.14
+    from torchrl_fixes.mutation_revision import (
+        _REPLAY_BOUNDARY_CACHE,
+        _REPLAY_BOUNDARY_CACHE_LOCK,
+    )
+"""
+_RB_MODULE = RB.replace("/", ".")
+
+# Runtime module text -> TorchRL module text. Every rewrite a module names must apply.
 _MODULE_REWRITES = (
     ("import logging\n", ""),
     ('\nlogger = logging.getLogger("torchrl_fixes")\n', ""),
     (
-        "from torchrl_fixes.trajectory_boundaries import",
-        "from torchrl._utils import logger\n"
-        "from torchrl.data.replay_buffers.trajectory_boundaries import",
+        "from torchrl_fixes.storage_boundaries import",
+        f"from torchrl._utils import logger\nfrom {_RB_MODULE}.storage_boundaries import",
     ),
-    ("from torchrl_fixes.storage_boundaries import", f"from {RB.replace('/', '.')}.storage_boundaries import"),
+    ("from torchrl_fixes.trajectory_boundaries import", f"from {_RB_MODULE}.trajectory_boundaries import"),
+    ("from torchrl_fixes.slice_boundaries import", f"from {_RB_MODULE}.slice_boundaries import"),
+    (
+        _CACHE_IMPORT,
+        f"from {_RB_MODULE}.utils import _REPLAY_BOUNDARY_CACHE, _REPLAY_BOUNDARY_CACHE_LOCK\n",
+    ),
     (">>> import torch, torchrl_fixes\n", ">>> import torch\n"),
 )
 
@@ -342,6 +361,7 @@ def patches() -> list[UpstreamPatch]:
         INLINE_HOOKS,
         SAMPLE_UNIT_HOOKS,
         _sample_unit_replacements,
+        hook_module,
     )
     from torchrl_fixes.patching import get_original
 
@@ -359,16 +379,32 @@ def patches() -> list[UpstreamPatch]:
         NewModule(
             f"{RB}/storage_boundaries.py",
             "torchrl_fixes.storage_boundaries",
-            rewrites=tuple(old for old, _ in _MODULE_REWRITES),
+            rewrites=("from torchrl_fixes.trajectory_boundaries import", _CACHE_IMPORT),
+        ),
+        NewModule(
+            f"{RB}/slice_boundaries.py",
+            "torchrl_fixes.slice_boundaries",
+            rewrites=(
+                "import logging\n",
+                '\nlogger = logging.getLogger("torchrl_fixes")\n',
+                "from torchrl_fixes.storage_boundaries import",
+                "from torchrl_fixes.trajectory_boundaries import",
+                "from torchrl_fixes.slice_boundaries import",
+                ">>> import torch, torchrl_fixes\n",
+            ),
         ),
     ]
-    statements_by_file: dict[str, list[str]] = {}
+    imports: dict[tuple[str, str], list[str]] = {}
     for (path, qualname), (before, after) in hooks.items():
         boundary_edits.append(InlineStatements(f"{RB}/{path}", qualname, before, after))
-        statements_by_file.setdefault(path, []).extend((*before, *after))
-    for path, statements in statements_by_file.items():
-        names = _names_from("torchrl_fixes.storage_boundaries", statements)
-        boundary_edits.append(AddImport(f"{RB}/{path}", f"{RB.replace('/', '.')}.storage_boundaries", names))
+        module = hook_module((*before, *after)).__name__
+        imports.setdefault((path, module), []).extend((*before, *after))
+    for (path, module), statements in imports.items():
+        names = _names_from(module, statements)
+        if not names:
+            continue
+        target = f"{_RB_MODULE}.{module.rpartition('.')[2]}"
+        boundary_edits.append(AddImport(f"{RB}/{path}", target, names))
 
     return [
         UpstreamPatch(2, "slice_boundary_index", SLICE_BOUNDARY_INDEX_HEADER, (), tuple(boundary_edits)),
@@ -618,32 +654,38 @@ def export(out: Path | None = None, *, check: bool = False) -> list[str]:
 
 
 SLICE_BOUNDARY_INDEX_HEADER = """\
-Subject: [PATCH] replay buffers: a per-storage trajectory index for the slice samplers
+Subject: [PATCH] replay buffers: the boundary cache survives writes (incremental trajectory index)
 
 Problem
   SliceSampler (and SliceSamplerWithoutReplacement, PrioritizedSliceSampler)
   recovers the trajectory boundaries from the whole storage at every sample:
   it reads the trajectory-id or done column of every stored row, O(capacity).
-  cache_values=True keeps them only until the next write, so an online loop
-  (write, sample, write, sample) pays the full cost at every step: about a
-  second per sample at 346M stored transitions.
+  _REPLAY_BOUNDARY_CACHE keeps them per storage mutation revision, and only
+  with cache_values=True: any write moves the revision and empties the entry,
+  so an online loop (write, sample, write, sample) pays the full cost at every
+  step: about a second per sample at 346M stored transitions.
 
 Change
-  Each TensorStorage keeps, per boundary signal a sampler reads (traj_key ids,
-  end_key flags, the union of end_keys), the sorted rows where trajectories end
-  (new module trajectory_boundaries.py, pure torch). TensorStorage.set records
-  the rows it writes, O(k); the next sample reads the signal of those rows only
+  The storage's entry in _REPLAY_BOUNDARY_CACHE also holds, per boundary
+  signal a sampler reads (traj_key ids, end_key flags, the union of end_keys),
+  the sorted rows where trajectories end (new module trajectory_boundaries.py,
+  pure torch). TensorStorage.set advances the entry by the rows it writes,
+  O(k), and files it under the new revision instead of emptying it (new module
+  storage_boundaries.py); the next sample reads the signal of those rows only
   and splices them in, so a sample costs O(batch) plus O(trajectories)
-  whatever the capacity (new module storage_boundaries.py). The boundaries are
-  exactly those the whole-storage recovery finds, so every sample is unchanged;
-  they are used whatever cache_values says and are never stale: _empty,
-  load_state_dict, loads and the buffer's set_ / set_at_ / update_ make the
-  index rebuild, and a write from another process sharing the storage is seen
-  through a write counter in shared memory and the storage's mutation revision.
+  whatever the capacity. Any mutation that records no rows (_empty,
+  load_state_dict, loads, the buffer's set_ / set_at_ / update_, a write from
+  another process sharing the storage, a compiled write) moves the revision
+  alone, and the entry is rebuilt from the whole storage at the next sample.
+  The boundaries are exactly those the whole-storage recovery finds, so every
+  sample is unchanged, and SliceSampler._get_stop_and_length uses them whatever
+  cache_values says (new module slice_boundaries.py): they are never stale.
   A sampler that names no trajectory key reads the ("next", "done") flags
   instead of the ids TorchRL detects while both mark the same ends (checked on
   the written rows, in batches); where they disagree (interleaved collectors) it
-  reads the ids and logs it once. The whole-storage recovery still runs for:
+  reads the ids and logs it once. The sample units (Sequence, SubgoalTriplet),
+  where TorchRL has them, find the index's boundaries in the same cache. The
+  whole-storage recovery still runs for:
 {fallbacks}
 
 Upstream issue: https://github.com/pytorch/rl/issues/2669

@@ -10,7 +10,9 @@ import torch
 from tensordict import TensorDict
 
 import torchrl_fixes
+from torchrl_fixes import slice_boundaries
 from torchrl_fixes import storage_boundaries as sbi
+from torchrl_fixes.fixes.slice_boundary_index import _backports_mutation_revision, fallback_reason
 
 pytestmark = pytest.mark.skipif(
     not torchrl_fixes.status()["slice_boundary_index"].applied,
@@ -48,13 +50,13 @@ def test_unknown_write_cursor_means_rebuild(cursor):
     [(None, None), (3, 3), (-1, 9), (range(2, 5), 4), (torch.tensor([1, 7]), 7), (np.int32(2), 2)],
 )
 def test_resolve_cursor(cursor, expected):
-    assert sbi._resolve_cursor(cursor, 10) == expected
+    assert slice_boundaries._resolve_cursor(cursor, 10) == expected
 
 
 @pytest.mark.parametrize("cursor", [10, -11, np.array([1]), torch.tensor(3), True, range(0)])
 def test_unusable_cursor_leaves_it_to_stock(cursor):
     with pytest.raises(sbi._Unsupported):
-        sbi._resolve_cursor(cursor, 10)
+        slice_boundaries._resolve_cursor(cursor, 10)
 
 
 def _storage(n=6):
@@ -69,16 +71,43 @@ def _storage(n=6):
     return storage
 
 
-def test_storages_carry_a_shared_write_counter_that_pickling_keeps():
+def test_a_copy_starts_with_no_boundaries_and_is_marked():
+    from torchrl.data import SliceSampler
+
     storage = _storage()
-    state = storage.__dict__[sbi._STATE_ATTR]
-    assert state.writes.is_shared() and not state.late
-    assert state.writes.sum() == 1
+    SliceSampler(slice_len=2, traj_key="episode")._get_stop_and_length(storage)
+    assert sbi._storage_boundaries(storage).indexes
+    assert sbi._COPIED_ATTR not in storage.__dict__
+    for clone in (pickle.loads(pickle.dumps(storage)), copy.deepcopy(storage)):
+        # the boundary cache is local to the process: a copy rebuilds
+        assert sbi._storage_boundaries(clone).indexes == {}
+        assert clone.__dict__[sbi._COPIED_ATTR]
+    # a memmap copy would write the same files under a revision of its own
+    assert storage.__dict__[sbi._COPIED_ATTR]
+
+
+@pytest.mark.skipif(not _backports_mutation_revision(), reason="TorchRL counts its storages' mutations")
+def test_backported_write_count_is_shared_and_kept_by_pickling():
+    from torchrl_fixes import mutation_revision
+
+    storage = _storage()
+    count = storage.__dict__[mutation_revision._COUNT_ATTR]
+    assert count.slots.is_shared() and not count.late
+    assert storage._mutation_revision == 1
     clone = pickle.loads(pickle.dumps(storage))
-    cloned = clone.__dict__[sbi._STATE_ATTR]
-    assert cloned.indexes == {} and cloned.writes.is_shared()
-    assert torch.equal(cloned.writes, state.writes)
-    assert copy.deepcopy(storage).__dict__[sbi._STATE_ATTR].indexes == {}
+    cloned = clone.__dict__[mutation_revision._COUNT_ATTR]
+    assert cloned.slots.is_shared() and torch.equal(cloned.slots, count.slots)
+    storage._empty()
+    assert storage._mutation_revision == 2
+
+
+def test_a_write_moves_the_entry_to_the_new_revision():
+    storage = _storage()
+    entry = sbi._storage_boundaries(storage)
+    revision = storage._mutation_revision
+    storage.set(torch.arange(6, 8), TensorDict({"episode": torch.tensor([2, 2])}, [2]))
+    assert storage._mutation_revision == revision + 1 == entry.revision
+    assert sbi._storage_boundaries(storage) is entry
 
 
 def test_writes_are_recorded_in_the_index_not_read():
@@ -87,11 +116,12 @@ def test_writes_are_recorded_in_the_index_not_read():
     storage = _storage()
     sampler = SliceSampler(slice_len=2, traj_key="episode")
     sampler._get_stop_and_length(storage)
-    (index,) = storage.__dict__[sbi._STATE_ATTR].indexes.values()
+    (index,) = sbi._storage_boundaries(storage).indexes.values()
     assert index.built and index._pending == []
     storage.set(torch.arange(6, 8), TensorDict({"episode": torch.tensor([2, 2])}, [2]))
     assert [p.tolist() for p in index._pending] == [[6, 7]]
-    storage._empty()
+    storage._empty()  # a mutation that records no rows
+    sbi._storage_boundaries(storage)
     assert not index.built
 
 
@@ -108,7 +138,7 @@ def test_fallback_reason(sampler_kwargs, reason):
     from torchrl.data import SliceSampler
 
     sampler = SliceSampler(slice_len=2, **sampler_kwargs)
-    assert sbi.fallback_reason(sampler, _storage()) == reason
+    assert fallback_reason(sampler, _storage()) == reason
 
 
 def test_non_boolean_end_flags_are_left_to_stock():
@@ -117,16 +147,16 @@ def test_non_boolean_end_flags_are_left_to_stock():
     storage = LazyTensorStorage(10)
     storage.set(torch.arange(4), TensorDict({("next", "done"): torch.zeros(4, 1)}, [4]))
     sampler = SliceSampler(slice_len=2, end_key=("next", "done"))
-    assert sbi.fallback_reason(sampler, storage) == "end flags that are not booleans"
+    assert fallback_reason(sampler, storage) == "end flags that are not booleans"
 
 
 def test_agreement_is_followed_for_the_id_keys_beside_done_flags():
     from torchrl.data import LazyTensorStorage
 
-    assert list(_storage().__dict__[sbi._STATE_ATTR].agreements) == ["episode"]
+    assert list(sbi._storage_boundaries(_storage()).agreements) == ["episode"]
     ids_only = LazyTensorStorage(10)
     ids_only.set(torch.arange(4), TensorDict({"episode": torch.zeros(4)}, [4]))
-    assert ids_only.__dict__[sbi._STATE_ATTR].agreements == {}
+    assert sbi._storage_boundaries(ids_only).agreements == {}
     collector = LazyTensorStorage(10)
     collector.set(
         torch.arange(4),
@@ -135,14 +165,14 @@ def test_agreement_is_followed_for_the_id_keys_beside_done_flags():
             [4],
         ),
     )
-    assert list(collector.__dict__[sbi._STATE_ATTR].agreements) == [("collector", "traj_ids")]
+    assert list(sbi._storage_boundaries(collector).agreements) == [("collector", "traj_ids")]
 
 
 @pytest.mark.parametrize("batch, pending", [(1 << 16, 2), (2, 0)])
 def test_written_rows_are_checked_in_batches(batch, pending, monkeypatch):
     monkeypatch.setattr(sbi, "_AGREEMENT_BATCH", batch)
     storage = _storage()
-    agreement = storage.__dict__[sbi._STATE_ATTR].agreements["episode"]
+    agreement = sbi._storage_boundaries(storage).agreements["episode"]
     assert agreement.disagreements.built and agreement.disagreements.pending_rows == 0
     storage.set(
         torch.arange(6, 8),
@@ -156,9 +186,9 @@ def test_samplers_remember_whether_their_trajectory_key_was_named():
 
     from torchrl.data import SliceSampler, SliceSamplerWithoutReplacement
 
-    assert SliceSampler(slice_len=2, traj_key="episode").__dict__[sbi._TRAJ_KEY_NAMED]
-    assert not SliceSampler(slice_len=2).__dict__[sbi._TRAJ_KEY_NAMED]
-    assert not SliceSamplerWithoutReplacement(slice_len=2).__dict__[sbi._TRAJ_KEY_NAMED]
+    assert SliceSampler(slice_len=2, traj_key="episode").__dict__[slice_boundaries._TRAJ_KEY_NAMED]
+    assert not SliceSampler(slice_len=2).__dict__[slice_boundaries._TRAJ_KEY_NAMED]
+    assert not SliceSamplerWithoutReplacement(slice_len=2).__dict__[slice_boundaries._TRAJ_KEY_NAMED]
     assert "traj_key" in inspect.signature(SliceSampler.__init__).parameters
 
 
@@ -167,15 +197,15 @@ def test_agreement_is_dropped_when_only_named_keys_read_the_storage(first_reader
     from torchrl.data import SliceSampler
 
     storage = _storage()
-    state = storage.__dict__[sbi._STATE_ATTR]
+    state = sbi._storage_boundaries(storage)
     named, unnamed = SliceSampler(slice_len=2, traj_key="episode"), SliceSampler(slice_len=2)
     readers = [named, unnamed] if first_reader == "named" else [unnamed, named]
     for sampler in readers:
         sampler._get_stop_and_length(storage)
     if first_reader == "named":
         assert state.agreements == {}
-        assert sbi.boundary_source(storage) == ("trajectory", "episode")
+        assert slice_boundaries.boundary_source(storage) == ("trajectory", "episode")
     else:
         assert list(state.agreements) == ["episode"]
         unnamed._get_stop_and_length(storage)
-        assert sbi.boundary_source(storage) == ("end", ("next", "done"))
+        assert slice_boundaries.boundary_source(storage) == ("end", ("next", "done"))

@@ -252,7 +252,10 @@ class Registry:
             # Plain functions only: staticmethod, classmethod and property objects
             # take no instance to tell stock objects by.
             if isinstance(rep.owner, type) and inspect.isfunction(rep.new):
-                original = patching.class_attribute(rep.owner, rep.name)
+                try:
+                    original = patching.class_attribute(rep.owner, rep.name)
+                except AttributeError:
+                    original = None  # an attribute the fix adds (a backport)
                 if inspect.isfunction(original):
                     rep = Replacement(rep.owner, rep.name, _stock_aware(original, rep.new))
             wrapped.append(rep)

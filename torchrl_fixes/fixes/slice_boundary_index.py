@@ -7,20 +7,24 @@ stored row, O(capacity). ``cache_values=True`` keeps them only until the next
 write, so an online loop (write, sample, write, sample) pays the full cost at
 every step.
 
-With this fix every ``TensorStorage`` keeps one :class:`TrajectoryBoundaries`
-per boundary signal a sampler reads from it (the ``traj_key`` ids, the
-``end_key`` flags or the union of ``end_keys``). Writes through the storage
-record the rows they touch, O(k); the next sample reads the signal of those rows
-only and splices the result into the index; a sample costs O(batch) plus O(number
-of trajectories) vector work. The boundaries are exactly those the stock code
-recovers, so the samples are the same, and they are used whatever
-``cache_values`` says: the flag keeps its meaning (what is returned is never
-stale) and costs nothing.
+With this fix the entry a ``TensorStorage`` has in TorchRL's boundary cache
+(``_REPLAY_BOUNDARY_CACHE``, kept per storage mutation revision) holds one
+:class:`TrajectoryBoundaries` per boundary signal a sampler reads from it (the
+``traj_key`` ids, the ``end_key`` flags or the union of ``end_keys``), and a write
+advances it instead of emptying it: ``TensorStorage.set`` records the rows it
+touches, O(k); the next sample reads the signal of those rows only and splices the
+result into the index; a sample costs O(batch) plus O(number of trajectories)
+vector work. The boundaries are exactly those the stock code recovers, so the
+samples are the same, and they are used whatever ``cache_values`` says: the flag
+keeps its meaning (what is returned is never stale) and costs nothing.
 
-The index and its bookkeeping live in :mod:`torchrl_fixes.storage_boundaries`
-(the module the upstream patch adds to TorchRL as it is); this module wraps
+:mod:`torchrl_fixes.storage_boundaries` keeps the storage's entry and
+:mod:`torchrl_fixes.slice_boundaries` decides what a sampler reads (the two
+modules the upstream patch adds to TorchRL as they are); this module wraps
 TorchRL's methods so that they run the statements of :data:`INLINE_HOOKS`, the
 lines the upstream patch writes into them (:func:`~torchrl_fixes.patching.wrap_with_statements`).
+Before TorchRL 0.14, which has no mutation revision and no boundary cache,
+:mod:`torchrl_fixes.mutation_revision` installs both first.
 
 Done flags for ids: a sampler that names no trajectory key reads the ids TorchRL
 picks for it (``("collector", "traj_ids")`` or ``"episode"`` on 0.14, ``"episode"``
@@ -35,13 +39,12 @@ the ids are read and this is logged once. A key the user named, ``traj_key`` or
 the agreement stops being followed there, as nothing would use it.
 :func:`boundary_source` tells which column a storage's last sample read.
 
-Coherence: every write path of the storage records its rows (``extend``, ``add``,
+Coherence: ``TensorStorage.set`` records its rows (``extend``, ``add``,
 ``rb[idx] = ...``, ``storage.set``, ``storage[idx] = ...``, a second buffer on the
-same storage); wholesale changes (``empty``, ``load_state_dict``, ``loads``,
-``set_`` / ``update_`` / ``set_at_`` on the buffer, unpickling) make the index
-rebuild. A per-storage write counter lives in shared memory, so a write from
-another process sharing the storage (memmap or shared memory) is detected and the
-index rebuilt; on TorchRL 0.14 the storage's own mutation revision is checked too.
+same storage); any other mutation the storage counts (``empty``,
+``load_state_dict``, ``loads``, ``set_`` / ``update_`` / ``set_at_`` on the buffer,
+a write from another process sharing the storage, a compiled write) moves the
+revision without recording rows, and the index is rebuilt at the next sample.
 Writing into the storage's tensors directly (``rb.storage._storage[...] = ...``)
 cannot be seen, as with stock ``cache_values=True``.
 
@@ -55,14 +58,11 @@ import inspect
 
 from packaging.specifiers import SpecifierSet
 
-from torchrl_fixes import storage_boundaries
+from torchrl_fixes import mutation_revision, slice_boundaries, storage_boundaries
+from torchrl_fixes.mutation_revision import MUTATION_REVISION_HOOKS
 from torchrl_fixes.patching import Replacement, wrap_with_statements
 from torchrl_fixes.registry import Fix, TargetChanged, stock_function
-from torchrl_fixes.storage_boundaries import (
-    _classes_fallback_reason,
-    boundary_source,
-    fallback_reason,
-)
+from torchrl_fixes.slice_boundaries import _classes_fallback_reason, boundary_source
 
 try:
     from torchrl.data.replay_buffers.samplers import SliceSampler
@@ -78,18 +78,11 @@ else:
 # The runtime fix wraps each stock method with the same statements
 # (patching.wrap_with_statements), so the two are the same code.
 INLINE_HOOKS = {
-    ("storages/tensor.py", "TensorStorage.__init__"): ((), ("_attach_boundary_state(self)",)),
     ("storages/tensor.py", "TensorStorage.set"): (
         ("revision = _mutation_revision(self)",),
         ("_record_write(self, cursor, revision)",),
     ),
-    ("storages/tensor.py", "TensorStorage._empty"): ((), ("_record_reset(self)",)),
-    ("storages/tensor.py", "TensorStorage.load_state_dict"): ((), ("_record_reset(self)",)),
-    ("storages/tensor.py", "LazyMemmapStorage.load_state_dict"): ((), ("_record_reset(self)",)),
-    ("storages/base.py", "Storage.loads"): ((), ("_record_reset(self)",)),
-    ("replay_buffers/base.py", "ReplayBuffer.set_"): ((), ("_record_reset(self._storage)",)),
-    ("replay_buffers/base.py", "ReplayBuffer.set_at_"): ((), ("_record_reset(self._storage)",)),
-    ("replay_buffers/base.py", "ReplayBuffer.update_"): ((), ("_record_reset(self._storage)",)),
+    ("storages/base.py", "Storage.__getstate__"): (("_record_copy(self)",), ()),
     ("samplers/slice.py", "SliceSampler.__init__"): (
         (),
         ("self._traj_key_named = traj_key is not None",),
@@ -102,6 +95,26 @@ INLINE_HOOKS = {
         (),
     ),
 }
+
+# The modules whose names the statements use: storages keep their boundaries,
+# samplers read them; before TorchRL 0.14, the mutation revision is backported.
+HOOK_MODULES = (storage_boundaries, slice_boundaries, mutation_revision)
+
+
+def hook_module(statements) -> object:
+    """The one module of :data:`HOOK_MODULES` that defines every function ``statements`` call."""
+    import ast
+
+    called = {
+        node.func.id
+        for statement in statements
+        for node in ast.walk(ast.parse(statement))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+    }
+    for module in HOOK_MODULES:
+        if all(hasattr(module, name) for name in called):
+            return module
+    raise TargetChanged(f"no one module defines {sorted(called)}")
 
 
 # TorchRL's sample units (Sequence, SubgoalTriplet; TorchRL main, not in a release yet)
@@ -138,10 +151,11 @@ class SliceBoundaryIndex(Fix):
     torchrl_versions = SpecifierSet(">=0.11")
     targets = (
         "torchrl.data.replay_buffers.samplers.SliceSampler._get_stop_and_length / __init__",
-        "torchrl.data.replay_buffers.storages.TensorStorage.__init__ / set / _empty / load_state_dict",
-        "torchrl.data.replay_buffers.storages.LazyMemmapStorage.load_state_dict",
-        "torchrl.data.replay_buffers.storages.Storage.loads",
-        "torchrl.data.ReplayBuffer.set_ / set_at_ / update_ (where they exist)",
+        "torchrl.data.replay_buffers.storages.TensorStorage.set",
+        "torchrl.data.replay_buffers.storages.Storage.__getstate__",
+        "before TorchRL 0.14, the mutation revision: Storage._mutation_revision / "
+        "_bump_mutation_revision, TensorStorage.__init__ / _empty / load_state_dict, "
+        "LazyMemmapStorage.load_state_dict, Storage.loads, ReplayBuffer.set_ / set_at_ / update_",
     )
     stock_classes = ("torchrl.data.replay_buffers.samplers.SliceSampler",)
     # The one list of what runs stock code: status(), the README and the upstream
@@ -151,10 +165,9 @@ class SliceBoundaryIndex(Fix):
         "fragmented=True, compile=True, use_gpu, static ends/trajectories, "
         "subclasses that override the boundary recovery or a write path, "
         "boundary columns the stock code would reject or squeeze, fewer than 2 rows, "
-        "storages shared between processes but built before the fix was applied, "
-        "memmap storages pickled or copied outside torch.multiprocessing, "
-        "compilable=True storages before TorchRL 0.14 (no mutation revision to see "
-        "compiled writes by)"
+        "memmap storages pickled or copied outside torch.multiprocessing; before TorchRL 0.14 "
+        "(no mutation revision to see every write by): compilable=True storages, storages "
+        "shared between processes but built before the fix was applied"
     )
 
     def plan(self) -> list[Replacement]:
@@ -176,7 +189,7 @@ class SliceBoundaryIndex(Fix):
             for cls in (SliceSampler, TensorStorage, LazyMemmapStorage, Storage, ReplayBuffer)
         }
         replacements = []
-        for (_, qualname), (before, after) in INLINE_HOOKS.items():
+        for (_, qualname), (before, after) in _hooks().items():
             owner_name, name = qualname.split(".")
             owner = owners[owner_name]
             method = vars(owner).get(name)
@@ -185,12 +198,36 @@ class SliceBoundaryIndex(Fix):
                 if owner is ReplayBuffer:
                     continue  # set_ / set_at_ / update_ exist from 0.13 on
                 raise TargetChanged(f"{qualname} is missing")
+            namespace = vars(hook_module((*before, *after)))
             replacements.append(
-                Replacement(owner, name, wrap_with_statements(method, before, after, vars(storage_boundaries)))
+                Replacement(owner, name, wrap_with_statements(method, before, after, namespace))
             )
+        if _backports_mutation_revision():
+            replacements += [
+                Replacement(Storage, "_mutation_revision", property(mutation_revision._mutation_revision)),
+                Replacement(Storage, "_bump_mutation_revision", mutation_revision._bump_mutation_revision),
+            ]
         replacements += _sample_unit_replacements()
         _classes_fallback_reason.cache_clear()
         return replacements
+
+
+def _backports_mutation_revision() -> bool:
+    """Whether this TorchRL predates the storage mutation revision (before 0.14)."""
+    revision = vars(Storage).get("_mutation_revision")
+    return revision is None or getattr(revision, "fget", None) is mutation_revision._mutation_revision
+
+
+def _hooks() -> dict:
+    """INLINE_HOOKS, with the mutation revision's bumps around them before TorchRL 0.14."""
+    if not _backports_mutation_revision():
+        return dict(INLINE_HOOKS)
+    hooks = dict(MUTATION_REVISION_HOOKS)
+    for key, (before, after) in INLINE_HOOKS.items():
+        bump_before, bump_after = hooks.get(key, ((), ()))
+        # the revision moves with the write, before the write's rows are recorded
+        hooks[key] = ((*before, *bump_before), (*bump_after, *after))
+    return hooks
 
 
 def _sample_unit_replacements() -> list[Replacement]:
@@ -205,9 +242,30 @@ def _sample_unit_replacements() -> list[Replacement]:
         if name not in vars(SampleUnit):
             continue  # 0.14's sample units read no episode boundaries
         stock = stock_function(SampleUnit, name, _KNOWN_EPISODE_BOUNDARIES)
-        wrapper = wrap_with_statements(stock, before, after, vars(storage_boundaries))
+        wrapper = wrap_with_statements(stock, before, after, vars(hook_module((*before, *after))))
         replacements.append(Replacement(SampleUnit, name, staticmethod(wrapper)))
     return replacements
+
+
+def fallback_reason(sampler, storage) -> str | None:
+    """Why ``sampler`` samples ``storage`` with stock boundary recovery, or ``None`` if it does not.
+
+    Examples:
+        >>> import torch, torchrl_fixes
+        >>> from tensordict import TensorDict
+        >>> from torchrl.data import LazyTensorStorage, ListStorage, SliceSampler
+        >>> from torchrl_fixes.fixes.slice_boundary_index import fallback_reason
+        >>> storage = LazyTensorStorage(10)
+        >>> storage.set(torch.arange(4), TensorDict({"episode": torch.zeros(4)}, [4]))
+        >>> print(fallback_reason(SliceSampler(num_slices=2, traj_key="episode"), storage))
+        None
+        >>> fallback_reason(SliceSampler(num_slices=2, traj_key="episode"), ListStorage(10))
+        'storage is not a TensorStorage'
+    """
+    reason = slice_boundaries.fallback_reason(sampler, storage)
+    if reason is None and _IMPORT_ERROR is None and _backports_mutation_revision():
+        reason = mutation_revision.unseen_writes_reason(storage)
+    return reason
 
 
 __all__ = ["INLINE_HOOKS", "SliceBoundaryIndex", "boundary_source", "fallback_reason"]

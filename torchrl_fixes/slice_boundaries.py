@@ -1,0 +1,357 @@
+"""What a slice sampler reads its trajectory boundaries from, and when it may use the index.
+
+``SliceSampler._get_stop_and_length`` asks :func:`_boundary_index_boundaries`
+first: it finds the boundary signal the stock code would read, takes the
+storage's incremental boundaries (:mod:`.storage_boundaries`), and returns their
+start, stop and lengths, O(batch) plus O(number of trajectories) per sample
+whatever the capacity. They are exactly those the whole-storage recovery finds,
+so the samples are the same, and they are used whatever ``cache_values`` says:
+nothing returned is ever stale. Configurations the index does not handle return
+``None`` and the sampler recovers the boundaries from the whole storage as
+before; :func:`fallback_reason` says which one applies.
+
+Done flags for ids: a sampler that names no trajectory key reads the ids TorchRL
+picks for it (``("collector", "traj_ids")`` or ``"episode"``). While the storage's
+``("next", "done")`` flags mark the same ends, the index reads the flags, a column
+8x smaller than int64 ids; where they disagree (collectors writing interleaved
+rows) it reads the ids, and says so once in the log. A key the user named,
+``traj_key`` or ``end_key``, is read as named.
+
+TorchRL's sample units (``Sequence``, ``SubgoalTriplet``) look their episode
+boundaries up in the storage's boundary cache: :func:`_seed_episode_boundaries`
+files the index's boundaries there first.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from tensordict import TensorDictBase, unravel_key
+
+from torchrl_fixes.storage_boundaries import (
+    _END_KEY,
+    _INCREMENTAL,
+    _REPLAY_BOUNDARY_CACHE,
+    _REPLAY_BOUNDARY_CACHE_LOCK,
+    StorageBoundaries,
+    _column_signal,
+    _end_column,
+    _id_column,
+    _refresh_agreement,
+    _row_shape,
+    _stamp,
+    _storage_boundaries,
+    _unseen_writes_reason,
+    _Unsupported,
+)
+from torchrl_fixes.trajectory_boundaries import TrajectoryBoundaries
+
+logger = logging.getLogger("torchrl_fixes")
+
+_TRAJ_KEY_NAMED = "_traj_key_named"
+
+
+def _resolve_cursor(cursor, length: int) -> int | None:
+    if cursor is None:
+        return None
+    if isinstance(cursor, torch.Tensor):
+        if cursor.ndim != 1 or not cursor.numel() or cursor.is_floating_point():
+            raise _Unsupported("write cursor is not a 1d integer tensor")
+        cursor = int(cursor[-1])
+    elif isinstance(cursor, range):
+        if not len(cursor):
+            raise _Unsupported("empty cursor range")
+        cursor = cursor[-1]
+    elif isinstance(cursor, np.integer):
+        cursor = int(cursor)
+    elif isinstance(cursor, bool) or not isinstance(cursor, int):
+        raise _Unsupported("write cursor of an unknown type")
+    if not -length <= cursor < length:
+        raise _Unsupported("write cursor outside the stored rows")
+    return cursor % length
+
+
+def _signal(sampler, storage) -> tuple[str, Any, Callable, int]:
+    """What the stock code would read: ``(kind, key, signal(rows), lanes)``."""
+    data = storage._storage
+    ndim = storage.ndim
+    if ndim > 2:
+        raise _Unsupported("storage with more than two batch dimensions")
+    if sampler._fetch_traj:
+        from torchrl.data.replay_buffers.storages import TensorStorage
+
+        if isinstance(storage, TensorStorage) and "_used_traj_key" in dir(type(sampler)):
+            key = sampler._used_traj_key
+        else:
+            key = sampler.traj_key
+        if key is None:
+            raise _Unsupported("no trajectory key")
+        columns = [_id_column(data, key, ndim)]
+        kind = "trajectory"
+    else:
+        end_keys = getattr(sampler, "end_keys", None)
+        keys = tuple(end_keys) if end_keys is not None else (sampler.end_key,)
+        found = [(k, _end_column(data, k, ndim)) for k in keys]
+        found = [(k, c) for k, c in found if c is not None]
+        if not found:
+            raise _Unsupported("end key not in the storage")
+        key = keys[0] if end_keys is None else tuple(k for k, _ in found)
+        columns = [c for _, c in found]
+        kind = "end"
+    shape, lanes = _row_shape(columns, ndim)
+    return kind, (kind, key, _stamp(columns)), _column_signal(columns, shape), lanes
+
+
+def _may_read_end_flags(sampler) -> bool:
+    """Whether ``sampler`` names no key, so that the done flags may stand in for its ids."""
+    if sampler.__dict__.get(_TRAJ_KEY_NAMED, True) or getattr(sampler, "end_keys", None):
+        return False
+    return sampler.end_key is not None and unravel_key(sampler.end_key) == _END_KEY
+
+
+def _agreeing_end_flags(sampler, storage, boundaries, id_key, length, at_capacity, cursor):
+    """``(key, signal)`` of end flags that give the same boundaries as ``id_key``, or None.
+
+    Asked only for samplers that name no key (:func:`_may_read_end_flags`): a key
+    the user named is read as named.
+    """
+    agreement = boundaries.agreements.get(unravel_key(id_key))
+    if agreement is None or not agreement.disagreements.built:
+        return None
+    if not _refresh_agreement(storage, id_key, agreement, length):
+        return None
+    if not agreement.disagreements.agree(length=length, at_capacity=at_capacity, cursor=cursor):
+        if not agreement.logged:
+            agreement.logged = True
+            logger.info(
+                "slice_boundary_index: %r and %r mark different trajectory ends "
+                "(interleaved writers?); the trajectory ids are used",
+                id_key,
+                _END_KEY,
+            )
+        return None
+    ends = _end_column(storage._storage, _END_KEY, storage.ndim)
+    shape, _ = _row_shape([ends], storage.ndim)
+    return ("end", _END_KEY, _stamp([ends])), _column_signal([ends], shape)
+
+
+def _fallback_reason(sampler, storage) -> str | None:
+    """Why ``sampler`` cannot use the boundary index on ``storage`` (None: it can)."""
+    from torchrl.data.replay_buffers.storages import TensorStorage
+
+    if not isinstance(storage, TensorStorage):
+        return "storage is not a TensorStorage"
+    if not isinstance(getattr(storage, "_storage", None), TensorDictBase):
+        return "storage does not hold a TensorDict"
+    if getattr(sampler, "fragmented", False):
+        return "fragmented=True"
+    if getattr(sampler, "compile", False):
+        return "compile=True"
+    if getattr(sampler, "use_gpu", False):
+        return "use_gpu"
+    cache = getattr(sampler, "_cache", {})
+    if "static-stop-and-length" in cache or "stop-and-length" in cache:
+        return "static ends or trajectories"
+    reason = _classes_fallback_reason(type(sampler), type(storage))
+    return reason if reason is not None else _unseen_writes_reason(storage)
+
+
+@functools.cache
+def _classes_fallback_reason(sampler_cls: type, storage_cls: type) -> str | None:
+    """The part of :func:`_fallback_reason` that depends on the classes alone."""
+    from torchrl.data.replay_buffers.samplers import SliceSampler
+
+    for name in ("_find_start_stop_traj", "_end_to_start_stop"):
+        if getattr(sampler_cls, name, None) is not getattr(SliceSampler, name, None):
+            return f"{sampler_cls.__name__} overrides {name}"
+    for name in ("set", "_empty", "load_state_dict", "loads"):
+        owner = next((k for k in storage_cls.__mro__ if name in vars(k)), None)
+        if owner not in _revision_owners().get(name, ()):
+            return f"{storage_cls.__name__}.{name} is not one the index follows"
+    return None
+
+
+@functools.cache
+def _revision_owners() -> dict[str, tuple[type, ...]]:
+    """Method name -> the classes whose definition of it moves the mutation revision
+    (and, for ``set``, records the rows it writes)."""
+    from torchrl.data.replay_buffers.storages import LazyMemmapStorage, Storage, TensorStorage
+
+    return {
+        "set": (TensorStorage,),
+        "_empty": (TensorStorage,),
+        "load_state_dict": (TensorStorage, LazyMemmapStorage),
+        "loads": (Storage,),
+    }
+
+
+_fallbacks_logged: set = set()
+
+
+def _log_fallback(reason: str) -> None:
+    if reason not in _fallbacks_logged:
+        _fallbacks_logged.add(reason)
+        logger.info("slice_boundary_index: stock boundary recovery used (%s)", reason)
+
+
+def _boundary_index_boundaries(sampler, storage):
+    """The boundaries from the storage's index, or ``None`` where stock code must run."""
+    reason = _fallback_reason(sampler, storage)
+    length = storage._len_along_dim0 if reason is None else 0
+    if reason is None and length < 2:
+        reason = "fewer than two stored rows"
+    if reason is None:
+        if getattr(sampler, "_traj_key_auto", False):
+            sampler._resolve_traj_key(storage)
+        try:
+            kind, key, signal, lanes = _signal(sampler, storage)
+            cursor_name = (
+                "_last_cursor_index"
+                if hasattr(type(storage), "_last_cursor_index")
+                else "_last_cursor"
+            )
+            at_capacity = bool(storage._is_full)
+            cursor = getattr(storage, cursor_name, None) if at_capacity else None
+            cursor = _resolve_cursor(cursor, length)
+        except _Unsupported as err:
+            reason = str(err)
+    if reason is not None:
+        _log_fallback(reason)
+        return None
+    boundaries = _storage_boundaries(storage)
+    with boundaries.lock:
+        if not _may_read_end_flags(sampler):
+            if not boundaries.unnamed_samplers and boundaries.agreements:
+                # Only samplers that name their keys read this storage so far:
+                # following the agreement would cost every write for nothing.
+                boundaries.agreements.clear()
+        elif kind == "trajectory":
+            boundaries.unnamed_samplers = True
+            flags = _agreeing_end_flags(
+                sampler, storage, boundaries, key[1], length, at_capacity, cursor
+            )
+            if flags is not None:
+                # the end flags give the same boundaries from a column 8x smaller
+                key, signal = flags
+                kind = "end"
+        index_key = key[:2]
+        boundaries.last_source = index_key
+        index = boundaries.indexes.get(index_key)
+        if index is None:
+            index = boundaries.indexes[index_key] = TrajectoryBoundaries(kind)
+        if boundaries.stamps.get(index_key) != key[2]:
+            # The column was replaced (or first seen): its rows are new.
+            index.reset()
+            boundaries.stamps[index_key] = key[2]
+        return index.boundaries(
+            signal,
+            capacity=storage._storage.batch_size[0],
+            length=length,
+            at_capacity=at_capacity,
+            cursor=cursor,
+            lanes=lanes,
+        )
+
+
+def fallback_reason(sampler, storage) -> str | None:
+    """Why ``sampler`` samples ``storage`` with stock boundary recovery, or ``None`` if it does not.
+
+    Examples:
+        >>> import torch, torchrl_fixes
+        >>> from tensordict import TensorDict
+        >>> from torchrl.data import LazyTensorStorage, ListStorage, SliceSampler
+        >>> from torchrl_fixes.slice_boundaries import fallback_reason
+        >>> storage = LazyTensorStorage(10)
+        >>> storage.set(torch.arange(4), TensorDict({"episode": torch.zeros(4)}, [4]))
+        >>> print(fallback_reason(SliceSampler(num_slices=2, traj_key="episode"), storage))
+        None
+        >>> fallback_reason(SliceSampler(num_slices=2, traj_key="episode"), ListStorage(10))
+        'storage is not a TensorStorage'
+    """
+    reason = _fallback_reason(sampler, storage)
+    if reason is None:
+        try:
+            _signal(sampler, storage)
+        except _Unsupported as err:
+            reason = str(err)
+    return reason
+
+
+def boundary_source(storage) -> tuple[str, Any] | None:
+    """What the last slice sample of ``storage`` read its trajectory boundaries from.
+
+    Returns ``("trajectory", key)`` for trajectory ids, ``("end", key)`` for end
+    flags (``key`` a tuple for a union of ``end_keys``), or ``None`` when no slice
+    sampler has used the boundary index on ``storage`` since its last wholesale change.
+    A sampler whose trajectory key was not named reads the end flags
+    ``("next", "done")`` instead of the ids as long as both mark the same trajectory ends.
+
+    Examples:
+        >>> import torch, torchrl_fixes
+        >>> from tensordict import TensorDict
+        >>> from torchrl.data import LazyTensorStorage, ReplayBuffer, SliceSampler
+        >>> from torchrl_fixes.slice_boundaries import boundary_source
+        >>> step = torch.arange(100)
+        >>> rb = ReplayBuffer(
+        ...     storage=LazyTensorStorage(1000), sampler=SliceSampler(num_slices=4), batch_size=16)
+        >>> _ = rb.extend(TensorDict(
+        ...     {"episode": step // 10, ("next", "done"): (step % 10 == 9).unsqueeze(-1)}, [100]))
+        >>> _ = rb.sample()
+        >>> boundary_source(rb.storage)
+        ('end', ('next', 'done'))
+    """
+    with _REPLAY_BOUNDARY_CACHE_LOCK:
+        cached = _REPLAY_BOUNDARY_CACHE.get(storage)
+    boundaries = cached[1].get(_INCREMENTAL) if cached is not None else None
+    return None if boundaries is None else boundaries.last_source
+
+
+def _unit_sampler(boundaries: StorageBoundaries, done_key):
+    """A slice sampler that reads ``done_key`` as named: what a sample unit's boundaries are."""
+    from torchrl.data.replay_buffers.samplers import SliceSampler
+
+    sampler = boundaries.samplers.get(done_key)
+    if sampler is None:
+        sampler = SliceSampler(num_slices=1, end_key=done_key)
+        sampler._traj_key_auto = False
+        sampler._fetch_traj = False
+        sampler.__dict__[_TRAJ_KEY_NAMED] = True
+        boundaries.samplers[done_key] = sampler
+    return sampler
+
+
+def _seed_episode_boundaries(storage, done_key, device) -> None:
+    """Files the index's episode boundaries where ``_ReplayBoundaryIndex`` looks first.
+
+    TorchRL's sample units (``Sequence``, ``SubgoalTriplet``) recover episode
+    boundaries from the ``done_key`` flags through ``_ReplayBoundaryIndex``, which
+    looks in the storage's boundary cache first: the index's boundaries, the same,
+    are filed there under the unit's key for the storage's current revision.
+    """
+    from torchrl.data.replay_buffers import utils
+    from torchrl.data.replay_buffers.storages import TensorStorage
+
+    if done_key is None or device is None or torch.device(device).type != "cpu":
+        return
+    if not isinstance(storage, TensorStorage):
+        return
+    sampler = _unit_sampler(_storage_boundaries(storage), done_key)
+    boundaries = _boundary_index_boundaries(sampler, storage)
+    if boundaries is None:
+        return
+    shape = tuple(storage.shape)
+    key = (
+        utils._freeze_boundary_cache_key(("end", done_key)),
+        shape,
+        len(storage),
+        bool(storage._is_full),
+        utils._boundary_cursor_cache_key(getattr(storage, "_last_cursor_index", None)),
+        str(device),
+    )
+    with _REPLAY_BOUNDARY_CACHE_LOCK:
+        revision, cached = _REPLAY_BOUNDARY_CACHE[storage]
+        if revision == storage._mutation_revision:
+            cached.setdefault(key, (shape[0], boundaries, None))

@@ -183,9 +183,9 @@ def test_each_patch_needs_only_what_it_declares(name, tmp_path):
 
 def test_patched_source_holds_the_runtime_modules(patched_torchrl):
     """The modules the slice patch adds are the runtime package's, imports aside."""
-    from torchrl_fixes import storage_boundaries, trajectory_boundaries
+    from torchrl_fixes import slice_boundaries, storage_boundaries, trajectory_boundaries
 
-    for module in (trajectory_boundaries, storage_boundaries):
+    for module in (trajectory_boundaries, storage_boundaries, slice_boundaries):
         added = patched_torchrl / "torchrl/data/replay_buffers" / Path(module.__file__).name
         runtime = _definitions_without_docstrings(Path(module.__file__).read_text())
         upstream = _definitions_without_docstrings(added.read_text())

@@ -20,13 +20,13 @@ info is exactly what stock builds. The storages that keep the stock
 ``storage[index]`` are listed in :attr:`SingleGather.fallbacks` (``status()``
 prints the list).
 
-The functions below are TorchRL's own, changed where the fix needs it: TorchRL
-0.14 and main build the info in ``SliceSampler._finalize_index`` (main's adds the
-batch_time layout in front of 0.14's code), 0.11 to 0.13 in
-``SliceSampler._get_index``; ``PrioritizedSliceSampler.sample`` is the same in
-every release. ``StreamingSliceSampler.mark_update`` is the stock method with its
-one read edited (:func:`~torchrl_fixes.patching.derive_from_source`). Each is chosen by the fingerprint of the
-installed stock code.
+TorchRL 0.14 and main build the info in ``SliceSampler._finalize_index`` (main's
+adds the batch_time layout in front of 0.14's code), 0.11 to 0.13 in
+``SliceSampler._get_index``: the fix is the installed method's own source with its
+reads of full rows edited (:func:`~torchrl_fixes.patching.derive_from_source`; the
+edits of each release are chosen by the fingerprint of the installed code), as is
+``StreamingSliceSampler.mark_update``. ``PrioritizedSliceSampler.sample``, the same in
+every release, is TorchRL's function with its one read changed.
 """
 from __future__ import annotations
 
@@ -168,376 +168,39 @@ def _streaming_mark_update(stock: types.FunctionType) -> types.FunctionType:
     )
 
 
-def _finalize_index(
-    self,
-    *,
-    index: torch.Tensor,
-    num_slices: int,
-    seq_length: int | torch.Tensor,
-    target_seq_length: int | None,
-    mask_flat: torch.Tensor | None,
-    storage: Storage,
-) -> tuple[tuple[torch.Tensor, ...], dict[str, Any]]:
-    """``SliceSampler._finalize_index`` of TorchRL 0.14, reading only the entries the info needs."""
-    if self.truncated_key is not None:
-        truncated_key = self.truncated_key
-        done_key = _replace_last(truncated_key, "done")
-        terminated_key = _replace_last(truncated_key, "terminated")
-
-        truncated = torch.zeros(
-            (index.shape[0], 1), dtype=torch.bool, device=index.device
-        )
-        if target_seq_length is not None and isinstance(seq_length, torch.Tensor):
-            # mark the last *real* timestep of each slice as truncated
-            T = target_seq_length
-            trunc_positions = torch.arange(
-                num_slices, device=seq_length.device
-            ) * T + (seq_length - 1).clamp(min=0)
-            truncated[trunc_positions] = 1
-        elif isinstance(seq_length, int):
-            truncated.view(num_slices, -1)[:, -1] = 1
-        else:
-            truncated[seq_length.cumsum(0) - 1] = 1
-        index = index.to(torch.long).unbind(-1)
-        st_index = _read_entries(
-            storage, index, (done_key, terminated_key, self.init_key)
-        )
-        done = st_index.get(done_key, default=None)
-        if done is None:
-            done = truncated.clone()
-        else:
-            done = done | truncated
-        terminated = st_index.get(terminated_key, default=None)
-        if terminated is None:
-            terminated = torch.zeros_like(truncated)
-        info = {
-            truncated_key: truncated,
-            done_key: done,
-            terminated_key: terminated,
-        }
-        if mask_flat is not None:
-            info[("collector", "mask")] = mask_flat
-        self._maybe_emit_init_marker(
-            info, st_index, num_slices, seq_length, target_seq_length
-        )
-        return index, info
-    index = index.to(torch.long).unbind(-1)
-    info = {}
-    if mask_flat is not None:
-        info[("collector", "mask")] = mask_flat
-    # Fetch the stored init flags so the marker logic can OR with them.
-    # Only that entry is read here: the buffer gathers the full rows.
-    st_index = _read_entries(storage, index, (self.init_key,))
-    self._maybe_emit_init_marker(
-        info, st_index, num_slices, seq_length, target_seq_length
-    )
-    return index, info
-
-
-# TorchRL main's SliceSampler._finalize_index (torchrl-nightly 2026.10.27) is the 0.14
-# one with the batch_time layout in front: the fix is its own source with its three
-# reads of full rows (storage[...]) made reads of the entries the info uses.
-FINALIZE_INDEX_EDITS = (
+# The info builder of each release (SliceSampler._finalize_index from 0.14 on,
+# _get_index before) is its own stock source with its reads of full rows
+# (storage[...]) made reads of the entries the info uses (derive_from_source).
+_FLAT_INIT_READ = (
+    "st_index = storage[flat_index]\n",
+    "st_index = _read_entries(storage, flat_index, (self.init_key,))\n",
+)
+_INFO_READ = (
+    "st_index = storage[index]\n        done = ",
+    "st_index = _read_entries(\n"
+    "            storage, index, (done_key, terminated_key, self.init_key)\n"
+    "        )\n"
+    "        done = ",
+)
+_INIT_READ = (
+    "st_index = storage[index]\n    self._maybe_emit_init_marker(",
+    "st_index = _read_entries(storage, index, (self.init_key,))\n"
+    "    self._maybe_emit_init_marker(",
+)
+# TorchRL main (torchrl-nightly 2026.10.27): 0.14's code with the batch_time layout in front.
+FINALIZE_INDEX_EDITS = (_FLAT_INIT_READ, _INFO_READ, _INIT_READ)
+FINALIZE_INDEX_EDITS_0_14 = (_INFO_READ, _INIT_READ)
+# 0.13 reads the init flags under their literal key.
+GET_INDEX_EDITS_0_13 = tuple(
+    (old, new.replace("self.init_key", '"is_init"')) for old, new in (_INFO_READ, _INIT_READ)
+)
+# 0.11 and 0.12 emit no init marker.
+GET_INDEX_EDITS_0_11 = (
     (
-        "st_index = storage[flat_index]\n",
-        "st_index = _read_entries(storage, flat_index, (self.init_key,))\n",
-    ),
-    (
-        "st_index = storage[index]\n        done = ",
-        "st_index = _read_entries(\n"
-        "            storage, index, (done_key, terminated_key, self.init_key)\n"
-        "        )\n"
-        "        done = ",
-    ),
-    (
-        "st_index = storage[index]\n    self._maybe_emit_init_marker(",
-        "st_index = _read_entries(storage, index, (self.init_key,))\n"
-        "    self._maybe_emit_init_marker(",
+        "st_index = storage[index]\n",
+        "st_index = _read_entries(storage, index, (done_key, terminated_key))\n",
     ),
 )
-
-
-def _finalize_index_from_stock(stock: types.FunctionType) -> types.FunctionType:
-    """``stock`` (TorchRL main's ``SliceSampler._finalize_index``) with :data:`FINALIZE_INDEX_EDITS`."""
-    return derive_from_source(stock, FINALIZE_INDEX_EDITS, _read_entries=_read_entries)
-
-
-def _get_index_0_13(
-    self,
-    lengths: torch.Tensor,
-    start_idx: torch.Tensor,
-    stop_idx: torch.Tensor,
-    seq_length: int,
-    num_slices: int,
-    storage_length: int,
-    traj_idx: torch.Tensor | None = None,
-    *,
-    target_seq_length: int | None = None,
-    storage,
-) -> tuple[torch.Tensor, dict]:
-    """``SliceSampler._get_index`` of TorchRL 0.13, reading only the entries the info needs."""
-    # end_point is the last possible index for start
-    last_indexable_start = lengths[traj_idx] - seq_length + 1
-    if not self.span[1]:
-        end_point = last_indexable_start
-    elif self.span[1] is True:
-        end_point = lengths[traj_idx] + 1
-    else:
-        span_left = self.span[1]
-        if span_left >= seq_length:
-            raise ValueError(
-                "The right and left span must be strictly lower than the sequence length"
-            )
-        end_point = lengths[traj_idx] - span_left
-
-    if not self.span[0]:
-        start_point = 0
-    elif self.span[0] is True:
-        start_point = -seq_length + 1
-    else:
-        span_right = self.span[0]
-        if span_right >= seq_length:
-            raise ValueError(
-                "The right and left span must be strictly lower than the sequence length"
-            )
-        start_point = -span_right
-
-    relative_starts = (
-        torch.rand(num_slices, device=lengths.device, generator=self._rng)
-        * (end_point - start_point)
-    ).floor().to(start_idx.dtype) + start_point
-
-    if self.span[0]:
-        out_of_traj = relative_starts < 0
-        if out_of_traj.any():
-            # a negative start means sampling fewer elements
-            # Convert seq_length to tensor to avoid torch.compile inductor C++ codegen
-            # bug with mixed scalar/tensor int64 in blendv operations (see PyTorch #xyz)
-            seq_length_t = torch.as_tensor(
-                seq_length,
-                dtype=relative_starts.dtype,
-                device=relative_starts.device,
-            )
-            seq_length = torch.where(
-                ~out_of_traj, seq_length_t, seq_length_t + relative_starts
-            )
-            relative_starts = torch.where(
-                ~out_of_traj, relative_starts, torch.zeros_like(relative_starts)
-            )
-    if self.span[1]:
-        out_of_traj = relative_starts + seq_length > lengths[traj_idx]
-        if out_of_traj.any():
-            # a negative start means sampling fewer elements
-            # Convert seq_length to tensor if it's still a scalar
-            if not isinstance(seq_length, torch.Tensor):
-                seq_length = torch.as_tensor(
-                    seq_length,
-                    dtype=relative_starts.dtype,
-                    device=relative_starts.device,
-                )
-            seq_length = torch.minimum(
-                seq_length, lengths[traj_idx] - relative_starts
-            )
-
-    starts = torch.cat(
-        [
-            (start_idx[traj_idx, 0] + relative_starts).unsqueeze(1),
-            start_idx[traj_idx, 1:],
-        ],
-        1,
-    )
-
-    # When strict_length=False produced variable per-slice lengths, pad all
-    # slices to target_seq_length and emit a boolean mask so callers can
-    # distinguish real timesteps from padded ones.
-    if target_seq_length is not None and isinstance(seq_length, torch.Tensor):
-        T = target_seq_length
-        n_extra_dims = starts.shape[1] - 1
-
-        # time offsets: [T, n_extra_dims+1] — only the first dim advances
-        time_offsets = torch.zeros(
-            T, n_extra_dims + 1, device=starts.device, dtype=starts.dtype
-        )
-        time_offsets[:, 0] = torch.arange(
-            T, device=starts.device, dtype=starts.dtype
-        )
-
-        # full index before masking: [B, T, n_extra_dims+1]
-        index_full = starts.unsqueeze(1) + time_offsets.unsqueeze(0)
-
-        # real_mask[i, t] == True iff timestep t is a real (non-padded) step
-        arange = torch.arange(T, device=seq_length.device)
-        real_mask = arange.unsqueeze(0) < seq_length.unsqueeze(1)  # [B, T]
-
-        # padded positions repeat the last real index so storage access is safe
-        last_valid = starts.clone()
-        last_valid[:, 0] = starts[:, 0] + (seq_length - 1).clamp(min=0)
-        index_full = torch.where(
-            real_mask.unsqueeze(-1),
-            index_full,
-            last_valid.unsqueeze(1).expand_as(index_full),
-        )
-        index_full[:, :, 0] = index_full[:, :, 0] % storage_length
-        index = index_full.reshape(-1, n_extra_dims + 1)
-        mask_flat = real_mask.reshape(-1)  # [B*T]
-    else:
-        index = self._tensor_slices_from_startend(
-            seq_length, starts, storage_length
-        )
-        mask_flat = None
-
-    if self.truncated_key is not None:
-        truncated_key = self.truncated_key
-        done_key = _replace_last(truncated_key, "done")
-        terminated_key = _replace_last(truncated_key, "terminated")
-
-        truncated = torch.zeros(
-            (index.shape[0], 1), dtype=torch.bool, device=index.device
-        )
-        if target_seq_length is not None and isinstance(seq_length, torch.Tensor):
-            # mark the last *real* timestep of each slice as truncated
-            T = target_seq_length
-            trunc_positions = torch.arange(
-                num_slices, device=seq_length.device
-            ) * T + (seq_length - 1).clamp(min=0)
-            truncated[trunc_positions] = 1
-        elif isinstance(seq_length, int):
-            truncated.view(num_slices, -1)[:, -1] = 1
-        else:
-            truncated[seq_length.cumsum(0) - 1] = 1
-        index = index.to(torch.long).unbind(-1)
-        st_index = _read_entries(
-            storage, index, (done_key, terminated_key, "is_init")
-        )
-        done = st_index.get(done_key, default=None)
-        if done is None:
-            done = truncated.clone()
-        else:
-            done = done | truncated
-        terminated = st_index.get(terminated_key, default=None)
-        if terminated is None:
-            terminated = torch.zeros_like(truncated)
-        info = {
-            truncated_key: truncated,
-            done_key: done,
-            terminated_key: terminated,
-        }
-        if mask_flat is not None:
-            info[("collector", "mask")] = mask_flat
-        self._maybe_emit_init_marker(
-            info, st_index, num_slices, seq_length, target_seq_length
-        )
-        return index, info
-    index = index.to(torch.long).unbind(-1)
-    info = {}
-    if mask_flat is not None:
-        info[("collector", "mask")] = mask_flat
-    # Fetch the stored init flags so the marker logic can OR with them.
-    # Only that entry is read here: the buffer gathers the full rows.
-    st_index = _read_entries(storage, index, ("is_init",))
-    self._maybe_emit_init_marker(
-        info, st_index, num_slices, seq_length, target_seq_length
-    )
-    return index, info
-
-
-def _get_index_0_11(
-    self,
-    lengths: torch.Tensor,
-    start_idx: torch.Tensor,
-    stop_idx: torch.Tensor,
-    seq_length: int,
-    num_slices: int,
-    storage_length: int,
-    traj_idx: torch.Tensor | None = None,
-    *,
-    storage,
-) -> tuple[torch.Tensor, dict]:
-    """``SliceSampler._get_index`` of TorchRL 0.11 and 0.12, reading only the entries the info needs."""
-    # end_point is the last possible index for start
-    last_indexable_start = lengths[traj_idx] - seq_length + 1
-    if not self.span[1]:
-        end_point = last_indexable_start
-    elif self.span[1] is True:
-        end_point = lengths[traj_idx] + 1
-    else:
-        span_left = self.span[1]
-        if span_left >= seq_length:
-            raise ValueError(
-                "The right and left span must be strictly lower than the sequence length"
-            )
-        end_point = lengths[traj_idx] - span_left
-
-    if not self.span[0]:
-        start_point = 0
-    elif self.span[0] is True:
-        start_point = -seq_length + 1
-    else:
-        span_right = self.span[0]
-        if span_right >= seq_length:
-            raise ValueError(
-                "The right and left span must be strictly lower than the sequence length"
-            )
-        start_point = -span_right
-
-    relative_starts = (
-        torch.rand(num_slices, device=lengths.device, generator=self._rng)
-        * (end_point - start_point)
-    ).floor().to(start_idx.dtype) + start_point
-
-    if self.span[0]:
-        out_of_traj = relative_starts < 0
-        if out_of_traj.any():
-            # a negative start means sampling fewer elements
-            seq_length = torch.where(
-                ~out_of_traj, seq_length, seq_length + relative_starts
-            )
-            relative_starts = torch.where(~out_of_traj, relative_starts, 0)
-    if self.span[1]:
-        out_of_traj = relative_starts + seq_length > lengths[traj_idx]
-        if out_of_traj.any():
-            # a negative start means sampling fewer elements
-            seq_length = torch.minimum(
-                seq_length, lengths[traj_idx] - relative_starts
-            )
-
-    starts = torch.cat(
-        [
-            (start_idx[traj_idx, 0] + relative_starts).unsqueeze(1),
-            start_idx[traj_idx, 1:],
-        ],
-        1,
-    )
-    index = self._tensor_slices_from_startend(seq_length, starts, storage_length)
-    if self.truncated_key is not None:
-        truncated_key = self.truncated_key
-        done_key = _replace_last(truncated_key, "done")
-        terminated_key = _replace_last(truncated_key, "terminated")
-
-        truncated = torch.zeros(
-            (index.shape[0], 1), dtype=torch.bool, device=index.device
-        )
-        if isinstance(seq_length, int):
-            truncated.view(num_slices, -1)[:, -1] = 1
-        else:
-            truncated[seq_length.cumsum(0) - 1] = 1
-        index = index.to(torch.long).unbind(-1)
-        st_index = _read_entries(storage, index, (done_key, terminated_key))
-        done = st_index.get(done_key, default=None)
-        if done is None:
-            done = truncated.clone()
-        else:
-            done = done | truncated
-        terminated = st_index.get(terminated_key, default=None)
-        if terminated is None:
-            terminated = torch.zeros_like(truncated)
-        return index, {
-            truncated_key: truncated,
-            done_key: done,
-            terminated_key: terminated,
-        }
-    index = index.to(torch.long).unbind(-1)
-    return index, {}
 
 
 def _prioritized_slice_sample(self, storage: Storage, batch_size: int) -> tuple[torch.Tensor, dict]:
@@ -684,14 +347,13 @@ class SingleGather(Fix):
 
     # The method that builds the slice info, by release: (its name, its stock
     # fingerprint, the stock fingerprint of the _maybe_emit_init_marker it calls
-    # or None where there is none, the replacement; None: the stock code with
-    # FINALIZE_INDEX_EDITS).
+    # or None where there is none, the edits that make the fix of its source).
     variants = (
         # torchrl-nightly 2026.10.27 (TorchRL main): the batch_time layout
-        ("_finalize_index", "e4c6482012fecc92", "c6ecacb2f419f943", None),
-        ("_finalize_index", "dec80b91b8a93985", "c6ecacb2f419f943", _finalize_index),  # 0.14.1
-        ("_get_index", "1a637a5ac58f793b", "60f5ba7223d77b67", _get_index_0_13),  # 0.13.3
-        ("_get_index", "39dfa19478982190", None, _get_index_0_11),  # 0.11.1, 0.12.0
+        ("_finalize_index", "e4c6482012fecc92", "c6ecacb2f419f943", FINALIZE_INDEX_EDITS),
+        ("_finalize_index", "dec80b91b8a93985", "c6ecacb2f419f943", FINALIZE_INDEX_EDITS_0_14),  # 0.14.1
+        ("_get_index", "1a637a5ac58f793b", "60f5ba7223d77b67", GET_INDEX_EDITS_0_13),  # 0.13.3
+        ("_get_index", "39dfa19478982190", None, GET_INDEX_EDITS_0_11),  # 0.11.1, 0.12.0
     )
     # Stock code the replacements rely on without replacing it: how a tensor
     # storage reads rows (0.11.1 to 0.14.1, torchrl-nightly 2026.10.27).
@@ -757,11 +419,10 @@ class SingleGather(Fix):
         stock = stock_function(
             SliceSampler, builder, {v[1] for v in self.variants if v[0] == builder}
         )
-        _, _, marker, new = next(
+        _, _, marker, edits = next(
             v for v in self.variants if v[0] == builder and v[1] == source_fingerprint(stock)
         )
-        if new is None:
-            new = _finalize_index_from_stock(stock)
+        new = derive_from_source(stock, edits, _read_entries=_read_entries)
         if marker is not None:
             stock_function(SliceSampler, "_maybe_emit_init_marker", {marker})
         stock_function(PrioritizedSliceSampler, "sample", self.prioritized_fingerprints)

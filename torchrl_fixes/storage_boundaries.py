@@ -190,22 +190,24 @@ def _record_write(storage, cursor, revision_before: int | None) -> None:
     revision = _mutation_revision(storage)
     with _REPLAY_BOUNDARY_CACHE_LOCK:
         boundaries = _cached_boundaries(storage, revision_before)
-        boundaries.revision = revision
-        if revision != revision_before + 1:
-            boundaries.reset()  # another write interleaved with this one
-            return
-        rows = None
-        if boundaries.indexes or boundaries.agreements or not boundaries.pairs_decided:
-            capacity = _capacity_along_dim0(storage)
-            rows = _written_rows(cursor, capacity) if capacity else None
-        if rows is None:
-            boundaries.reset()
-        else:
-            boundaries.mark_written(rows)
-        if not boundaries.pairs_decided:
-            _decide_pairs(storage, boundaries)
-        if boundaries.agreements:
-            _check_agreements(storage, boundaries, rows)
+        # a sample reading the entry finishes before it changes
+        with boundaries.lock:
+            boundaries.revision = revision
+            if revision != revision_before + 1:
+                boundaries.reset()  # another write interleaved with this one
+                return
+            rows = None
+            if boundaries.indexes or boundaries.agreements or not boundaries.pairs_decided:
+                capacity = _capacity_along_dim0(storage)
+                rows = _written_rows(cursor, capacity) if capacity else None
+            if rows is None:
+                boundaries.reset()
+            else:
+                boundaries.mark_written(rows)
+            if not boundaries.pairs_decided:
+                _decide_pairs(storage, boundaries)
+            if boundaries.agreements:
+                _check_agreements(storage, boundaries, rows)
         # file the entry under the new revision: what stock cached before is stale
         _cached_boundaries(storage, revision)
 

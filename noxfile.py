@@ -16,6 +16,7 @@ any requirement pip takes, for example a wheel file or ``torch==2.13.0+cpu``:
     nox -s "conformance(torchrl='nightly')"   # the pinned torchrl-nightly build (devtools/torchrl_matrix.py)
     nox -s conformance_extension     # prioritized buffers, where TorchRL's C++ extension loads
     nox -s lint
+    nox -s ray                       # a RayReplayBuffer on a local Ray cluster, with the fixes
     nox -s benchmark                 # the main job: stock vs patched timings, table and plot
     nox -s benchmark -- --full       # adds the 346M-transition rows (memory: python -m devtools bench --help)
     nox -s benchmark -- --compare BASELINE.json
@@ -67,7 +68,7 @@ def tests(session: nox.Session) -> None:
     _install(session, NEWEST)
     session.run(
         "python", "-m", "pytest", "--doctest-modules", "torchrl_fixes", "devtools", "tests",
-        "conformance",
+        "conformance", "--ignore=tests/ray",  # nox -s ray runs those
         *session.posargs,
     )
 
@@ -94,6 +95,21 @@ def conformance_extension(session: nox.Session) -> None:
         "python", "-m", "pytest", "conformance", *session.posargs,
         env={"TORCHRL_FIXES_REQUIRE_EXTENSION": "1"},
     )
+
+
+@nox.session
+def ray(session: nox.Session) -> None:
+    """A RayReplayBuffer's actor on a local Ray cluster gets the fixes, both ways.
+
+    ``tests/ray``: Ray started here (two CPUs, 127.0.0.1 only) once with the
+    ``worker_process_setup_hook`` ``torchrl_fixes.ray_worker_setup`` and once under
+    ``torchrl-fixes run``; each actor reports the fixes applied, and a slice sample
+    after a write at 6M stored is at least 3x faster than in an actor with
+    ``TORCHRL_FIXES=0`` (printed). About a minute, installs aside.
+    """
+    _install(session, NEWEST)
+    session.install("ray")
+    session.run("python", "-m", "pytest", "tests/ray", "-rA", *session.posargs)
 
 
 @nox.session

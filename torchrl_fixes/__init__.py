@@ -19,6 +19,7 @@ import os
 import warnings
 
 from torchrl_fixes.fixes import ALL_FIXES
+from torchrl_fixes.launcher import ray_worker_setup
 from torchrl_fixes.patching import get_original, is_object_patched
 from torchrl_fixes.registry import FixStatus, Registry, StatusReport
 from torchrl_fixes.warning_categories import (
@@ -69,10 +70,18 @@ def _names_from_environment(value: str | None) -> tuple[str, ...] | None:
     return known or None
 
 
-_requested = _names_from_environment(os.environ.get("TORCHRL_FIXES"))
-if _requested is not None:
-    activate(*_requested)
-del _requested
+# What TORCHRL_FIXES asked for when this package was imported (None: nothing).
+_REQUESTED = _names_from_environment(os.environ.get("TORCHRL_FIXES"))
+
+
+def _activate_from_environment() -> list[str]:
+    """Applies what ``TORCHRL_FIXES`` asked for at import (again: idempotent); returns the applied."""
+    if _REQUESTED is None:
+        return _registry.applied()
+    return activate(*_REQUESTED)
+
+
+_activate_from_environment()
 
 __all__ = [
     "FixSkippedWarning",
@@ -86,5 +95,6 @@ __all__ = [
     "fix_names",
     "get_original",
     "is_object_patched",
+    "ray_worker_setup",
     "status",
 ]

@@ -1,7 +1,9 @@
-"""Command line: ``python -m torchrl_fixes [status]`` (or the ``torchrl-fixes`` script).
+"""Command line: ``python -m torchrl_fixes [status | run -- COMMAND]`` (or the ``torchrl-fixes`` script).
 
 ``status`` (the default) prints, for each fix, whether it is applied and why not,
-and the configurations an applied fix leaves to stock code. The development tools
+and the configurations an applied fix leaves to stock code. ``run -- COMMAND``
+starts ``COMMAND`` with the fixes in every Python process it starts
+(:mod:`torchrl_fixes.launcher`). The development tools
 (benchmarks, the side-by-side comparison, the upstream patches) are not part of the
 installed package: they run from a clone of the repository as ``python -m devtools``,
 and asking this command for one says so.
@@ -42,6 +44,20 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
         description="For each fix: applied, skipped or inactive, and why; then what stock "
         "code still runs for. TORCHRL_FIXES chooses the fixes (0 / off: none).",
     )
+    run = commands.add_parser(
+        "run",
+        help="run a command with the fixes in every Python process it starts",
+        description="Runs COMMAND with the fixes applied in every Python process it starts: "
+        "the program, its spawn / forkserver and collector workers, a local Ray cluster's "
+        "workers. Each applies them when it imports torchrl; TORCHRL_FIXES chooses which "
+        "(0 / off: none). Exits with COMMAND's exit status.",
+        usage="%(prog)s [-h] -- COMMAND [ARGS ...]",
+        epilog="example: %(prog)s -- python train.py --steps 1000",
+    )
+    run.add_argument(
+        "program", nargs=argparse.REMAINDER, metavar="COMMAND", help="the program and its arguments"
+    )
+    run.set_defaults(run_parser=run)
     return top
 
 
@@ -55,12 +71,29 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    parser(prog).parse_args(argv)
+    top = parser(prog)
+    args = top.parse_args(argv)
+    if args.command == "run":
+        return _run(args.run_parser, args.program)
 
     import torchrl_fixes
 
     print(torchrl_fixes.status())
     return 0
+
+
+def _run(run: argparse.ArgumentParser, program: list[str]) -> int:
+    from torchrl_fixes import launcher
+
+    if program[:1] == ["--"]:  # REMAINDER keeps the separator
+        program = program[1:]
+    try:
+        # Returns only where the program runs as a child (not POSIX); see launcher.run.
+        return launcher.run(program)
+    except launcher.CommandNotFound as err:
+        # One line: what is wrong, and the usage.
+        print(f"{run.prog}: error: {err}; usage: {run.prog} -- COMMAND [ARGS ...]", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """Command line: ``python -m torchrl_fixes [status]`` (or the ``torchrl-fixes`` script).
 
 ``status`` (the default) prints, for each fix, whether it is applied and why not,
-and the configurations an applied fix leaves to stock code. The development tools
+and the configurations an applied fix leaves to stock code. ``diagnose --demo``
+shows :func:`torchrl_fixes.diagnose` on a built-in slow buffer (a buffer of your
+own is diagnosed from Python). The development tools
 (benchmarks, the side-by-side comparison, the upstream patches) are not part of the
 installed package: they run from a clone of the repository as ``python -m devtools``,
 and asking this command for one says so.
@@ -42,7 +44,61 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
         description="For each fix: applied, skipped or inactive, and why; then what stock "
         "code still runs for. TORCHRL_FIXES chooses the fixes (0 / off: none).",
     )
+    _add_diagnose(commands)
     return top
+
+
+DIAGNOSE_NEEDS_A_BUFFER = (
+    "diagnose needs a replay buffer from Python: `torchrl_fixes.diagnose(rb)` "
+    "(or `diagnose --demo` for a built-in example)"
+)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _add_diagnose(commands) -> None:
+    diagnose = commands.add_parser(
+        "diagnose",
+        help="where a replay buffer's sample() spends its time (--demo: a built-in slow buffer)",
+        description="Times each stage of a replay buffer's sample() and names what slows it "
+        "down. A buffer of your own: torchrl_fixes.diagnose(rb) in Python. --demo builds a "
+        "slow one: a stock SliceSampler over 5M stored rows, with a transform that breaks "
+        "pin_memory.",
+    )
+    diagnose.add_argument("--demo", action="store_true", help="diagnose the built-in slow buffer")
+    diagnose.add_argument("--samples", type=_positive_int, default=20, metavar="N",
+                          help="samples to time (default: 20)")
+    diagnose.add_argument("--png", metavar="PATH", help="also write a bar chart of the stages (matplotlib)")
+    diagnose.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def _diagnose(args, prog: str) -> int:
+    if not args.demo:
+        print(f"{prog} diagnose: {DIAGNOSE_NEEDS_A_BUFFER}", file=sys.stderr)
+        return 2
+    if args.png:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print(f"{prog} diagnose: --png needs matplotlib (pip install matplotlib)", file=sys.stderr)
+            return 2
+    import torchrl_fixes
+    from torchrl_fixes.diagnose import demo_buffer
+
+    report = torchrl_fixes.diagnose(demo_buffer(), samples=args.samples)
+    print(report.to_json(indent=2) if args.json else report)
+    if args.png:
+        report.save_png(args.png)
+        print(f"bar chart: {args.png}", file=sys.stderr)
+    return 0
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
@@ -55,7 +111,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    parser(prog).parse_args(argv)
+    args = parser(prog).parse_args(argv)
+    if args.command == "diagnose":
+        return _diagnose(args, prog)
 
     import torchrl_fixes
 

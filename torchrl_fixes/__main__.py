@@ -11,6 +11,7 @@ and asking this command for one says so.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 
@@ -93,7 +94,14 @@ def _diagnose(args, prog: str) -> int:
     import torchrl_fixes
     from torchrl_fixes.diagnose import demo_buffer
 
-    report = torchrl_fixes.diagnose(demo_buffer(), samples=args.samples)
+    # TorchRL logs the storage's initialisation to stdout: not part of the report (or its JSON)
+    torchrl_logger = logging.getLogger("torchrl")
+    level = torchrl_logger.level
+    torchrl_logger.setLevel(logging.WARNING)
+    try:
+        report = torchrl_fixes.diagnose(demo_buffer(), samples=args.samples)
+    finally:
+        torchrl_logger.setLevel(level)
     print(report.to_json(indent=2) if args.json else report)
     if args.png:
         report.save_png(args.png)

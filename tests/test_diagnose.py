@@ -43,6 +43,11 @@ from torchrl_fixes.diagnose import (
 ROWS, CAPACITY, EPISODE, BATCH = 200, 256, 10, 16
 
 
+def _needs_fix(name: str):
+    state = torchrl_fixes.status()[name]
+    return pytest.mark.skipif(not state.applied, reason=f"{name} is {state.state} here: {state.reason}")
+
+
 def _episodes(rows: int = ROWS, episode: int = EPISODE, seed: int = 0) -> TensorDict:
     generator = torch.Generator().manual_seed(seed)
     step = torch.arange(rows)
@@ -281,6 +286,7 @@ def test_transform_that_sleeps_dominates():
 
 
 @pytest.mark.skipif(torch.accelerator.is_available(), reason="an accelerator is available")
+@_needs_fix("pinned_sample_output")
 @pytest.mark.parametrize("stock", [False, True])
 def test_pin_memory_without_accelerator(stock):
     if stock:
@@ -304,6 +310,7 @@ def _big_episode_buffer(rows: int, **storage_kwargs):
     return data
 
 
+@_needs_fix("slice_boundary_index")
 def test_stock_slice_sampler_with_the_fix_inactive():
     """Deactivated fix, stock recovery over 4M rows against a 16-row batch: slice-boundaries, inactive."""
     data = _big_episode_buffer(4_000_000)
@@ -324,6 +331,7 @@ def test_stock_slice_sampler_with_the_fix_inactive():
     assert report.buffer["fixes"]["slice_boundary_index"] == "inactive (deactivated)"
 
 
+@_needs_fix("slice_boundary_index")
 def test_applied_fix_whose_configuration_falls_back():
     class OwnStorage(LazyTensorStorage):
         def set(self, *args, **kwargs):
@@ -423,6 +431,7 @@ def _rebuild(td):
     return TensorDict(dict(td.items()), batch_size=td.batch_size)
 
 
+@_needs_fix("pinned_sample_output")
 def test_pinning_on_the_training_thread(fake_accelerator):
     rb = _buffer("random", pin_memory=True)
     report = diagnose_function(rb, samples=3)

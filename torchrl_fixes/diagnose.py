@@ -654,20 +654,17 @@ def _measure(parts: _Parts, batch_size: int, samples: int, device, clock: _Clock
     pinning = bool(buffer._pin_memory) and _accelerator_available()
     tracks_generations = getattr(parts.writer, "tracks_generations", False)
     set_names = getattr(sampler, "_set_sample_names", None)
-    replay_lock = getattr(buffer, "_replay_lock", None) or contextlib.nullcontext()
-    write_lock = getattr(buffer, "_write_lock", None) or contextlib.nullcontext()
     for i in range(samples):
         elapsed[0] = 0.0
-        with replay_lock, write_lock:
-            start = time.perf_counter()
-            index, info = sampler.sample(storage, batch_size)
-            if parts.sample_unit is not None:
-                index, info = parts.sample_unit.expand(index, info, storage)
-            info["index"] = index
-            if tracks_generations:
-                info["index_generation"] = parts.writer.generations_of(index)
-            drawn = time.perf_counter()
-            data = storage.get(parts.storage_index(index, storage))
+        start = time.perf_counter()
+        index, info = sampler.sample(storage, batch_size)
+        if parts.sample_unit is not None:
+            index, info = parts.sample_unit.expand(index, info, storage)
+        info["index"] = index
+        if tracks_generations:
+            info["index_generation"] = parts.writer.generations_of(index)
+        drawn = time.perf_counter()
+        data = storage.get(parts.storage_index(index, storage))
         if not isinstance(index, int):
             data = parts.collate_fn(data)
         if set_names is not None:
@@ -1008,7 +1005,11 @@ def diagnose(buffer, *, samples: int = 20, device=None, batch_size: int | None =
             from torchrl_fixes.fixes.slice_boundary_index import fallback_reason
 
             fallback = fallback_reason(parts.sampler, parts.storage)
-        with _untouched(parts):
+        # the buffer's locks, held throughout: a write or a sample from another thread
+        # waits until everything is put back (the futures lock is held already)
+        replay_lock = getattr(buffer, "_replay_lock", None) or contextlib.nullcontext()
+        write_lock = getattr(buffer, "_write_lock", None) or contextlib.nullcontext()
+        with replay_lock, write_lock, _untouched(parts):
             _measure(parts, batch_size, samples, copy_device, clock, observed, patched_pin, transform)
             trajectories = _trajectory_count(parts)
     stages = clock.medians()
@@ -1142,10 +1143,11 @@ def demo_buffer(stored: int = DEMO_STORED, episode: int = 1000, batch_size: int 
     they run stock TorchRL code whatever fixes are applied. Only small keys are
     stored (an observation, the episode ids and the done flags).
     """
-    import torchrl_fixes
     from tensordict import TensorDict
     from torchrl.data import LazyTensorStorage, SliceSampler, TensorDictReplayBuffer
     from torchrl.envs.transforms import Transform
+
+    import torchrl_fixes
 
     class RebuildTensorDict(Transform):
         """Returns a new TensorDict without a device: stock pin_memory skips it."""

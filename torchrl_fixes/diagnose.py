@@ -837,7 +837,8 @@ def findings_from(stages: dict[str, float], facts: dict) -> list[Finding]:
             "pin-memory-no-accelerator",
             f"pin_memory=True, but no accelerator is available: {behaviour}",
             "pass pin_memory=torch.cuda.is_available() (or False here); pinned memory only "
-            "serves copies to an accelerator",
+            "serves copies to an accelerator"
+            + ("" if facts["patched_pin"] else "; with torchrl_fixes imported the buffer warns and carries on"),
         )))
     if facts["pin_memory"] and facts["unpinned"]:
         unpinned = facts["unpinned"]

@@ -301,19 +301,19 @@ def test_pin_memory_without_accelerator(stock):
     assert "no accelerator" in report.not_measured["pin_memory"]
 
 
-def _big_episode_buffer(rows: int, **storage_kwargs):
+def _big_episodes(rows: int) -> TensorDict:
+    """Episode ids and done flags only, in 1,000-step episodes."""
     step = torch.arange(rows)
-    data = TensorDict(
+    return TensorDict(
         {"episode": step // 1000, ("next", "done"): (step % 1000 == 999).unsqueeze(-1)},
         batch_size=[rows],
     )
-    return data
 
 
 @_needs_fix("slice_boundary_index")
 def test_stock_slice_sampler_with_the_fix_inactive():
     """Deactivated fix, stock recovery over 4M rows against a 16-row batch: slice-boundaries, inactive."""
-    data = _big_episode_buffer(4_000_000)
+    data = _big_episodes(4_000_000)
     torchrl_fixes.deactivate("slice_boundary_index")
     try:
         rb = TensorDictReplayBuffer(
@@ -337,7 +337,7 @@ def test_applied_fix_whose_configuration_falls_back():
         def set(self, *args, **kwargs):
             return super().set(*args, **kwargs)
 
-    data = _big_episode_buffer(4_000_000)
+    data = _big_episodes(4_000_000)
     rb = TensorDictReplayBuffer(
         storage=OwnStorage(len(data)),
         sampler=SliceSampler(num_slices=2, end_key=("next", "done")),

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import warnings
 
+from torchrl_fixes.diagnose import diagnose
 from torchrl_fixes.fixes import ALL_FIXES
 from torchrl_fixes.launcher import ray_worker_setup
 from torchrl_fixes.patching import get_original, is_object_patched
@@ -91,6 +92,7 @@ __all__ = [
     "TorchRLFixesWarning",
     "activate",
     "deactivate",
+    "diagnose",
     "disabled",
     "fix_names",
     "get_original",

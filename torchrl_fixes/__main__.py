@@ -3,7 +3,9 @@
 ``status`` (the default) prints, for each fix, whether it is applied and why not,
 and the configurations an applied fix leaves to stock code. ``run -- COMMAND``
 starts ``COMMAND`` with the fixes in every Python process it starts
-(:mod:`torchrl_fixes.launcher`). The development tools
+(:mod:`torchrl_fixes.launcher`). ``diagnose --demo`` shows
+:func:`torchrl_fixes.diagnose` on a built-in slow buffer (a buffer of your own is
+diagnosed from Python). The development tools
 (benchmarks, the side-by-side comparison, the upstream patches) are not part of the
 installed package: they run from a clone of the repository as ``python -m devtools``,
 and asking this command for one says so.
@@ -11,6 +13,7 @@ and asking this command for one says so.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 
@@ -58,7 +61,68 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
         "program", nargs=argparse.REMAINDER, metavar="COMMAND", help="the program and its arguments"
     )
     run.set_defaults(run_parser=run)
+    _add_diagnose(commands)
     return top
+
+
+DIAGNOSE_NEEDS_A_BUFFER = (
+    "diagnose needs a replay buffer from Python: `torchrl_fixes.diagnose(rb)` "
+    "(or `diagnose --demo` for a built-in example)"
+)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _add_diagnose(commands) -> None:
+    diagnose = commands.add_parser(
+        "diagnose",
+        help="where a replay buffer's sample() spends its time (--demo: a built-in slow buffer)",
+        description="Times each stage of a replay buffer's sample() and names what slows it "
+        "down. A buffer of your own: torchrl_fixes.diagnose(rb) in Python. --demo builds a "
+        "slow one: a stock SliceSampler over 5M stored rows, with a transform that breaks "
+        "pin_memory.",
+    )
+    diagnose.add_argument("--demo", action="store_true", help="diagnose the built-in slow buffer")
+    diagnose.add_argument("--samples", type=_positive_int, default=20, metavar="N",
+                          help="samples to time (default: 20)")
+    diagnose.add_argument("--png", metavar="PATH", help="also write a bar chart of the stages (matplotlib)")
+    diagnose.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def _diagnose(args, prog: str) -> int:
+    if not args.demo:
+        print(f"{prog} diagnose: {DIAGNOSE_NEEDS_A_BUFFER}", file=sys.stderr)
+        return 2
+    if args.png:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print(f"{prog} diagnose: --png needs matplotlib (pip install matplotlib)", file=sys.stderr)
+            return 2
+    import torchrl_fixes
+    from torchrl_fixes.diagnose import demo_buffer
+
+    # TorchRL logs the storage's initialisation to stdout: not part of the report (or its JSON)
+    torchrl_logger = logging.getLogger("torchrl")
+    level = torchrl_logger.level
+    torchrl_logger.setLevel(logging.WARNING)
+    try:
+        report = torchrl_fixes.diagnose(demo_buffer(), samples=args.samples)
+    finally:
+        torchrl_logger.setLevel(level)
+    print(report.to_json(indent=2) if args.json else report)
+    if args.png:
+        report.save_png(args.png)
+        print(f"bar chart: {args.png}", file=sys.stderr)
+    return 0
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
@@ -71,10 +135,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    top = parser(prog)
-    args = top.parse_args(argv)
+    args = parser(prog).parse_args(argv)
     if args.command == "run":
         return _run(args.run_parser, args.program)
+    if args.command == "diagnose":
+        return _diagnose(args, prog)
 
     import torchrl_fixes
 

@@ -1,0 +1,572 @@
+"""``torchrl_fixes.diagnose``: the stages it times, the findings it makes, and that it changes nothing.
+
+No test here asserts a duration. Findings that depend on a dominant share are
+built with a wide margin (a transform sleeping 20 ms against stages of
+microseconds, a stock boundary recovery over millions of rows against a
+16-row batch), and the logic that turns shares into findings is also tested on
+constructed stages (:func:`findings_from`).
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import random
+import sys
+import threading
+import time
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from tensordict import TensorDict
+from torchrl.data import (
+    LazyMemmapStorage,
+    LazyTensorStorage,
+    RandomSampler,
+    ReplayBuffer,
+    SamplerWithoutReplacement,
+    SliceSampler,
+    SliceSamplerWithoutReplacement,
+    TensorDictReplayBuffer,
+)
+
+import torchrl_fixes
+from torchrl_fixes import diagnose as diagnose_function
+from torchrl_fixes.diagnose import (
+    SAMPLE_STAGES,
+    STAGES,
+    DiagnoseRefused,
+    findings_from,
+)
+
+ROWS, CAPACITY, EPISODE, BATCH = 200, 256, 10, 16
+
+
+def _needs_fix(name: str):
+    state = torchrl_fixes.status()[name]
+    return pytest.mark.skipif(not state.applied, reason=f"{name} is {state.state} here: {state.reason}")
+
+
+def _episodes(rows: int = ROWS, episode: int = EPISODE, seed: int = 0) -> TensorDict:
+    generator = torch.Generator().manual_seed(seed)
+    step = torch.arange(rows)
+    return TensorDict(
+        {
+            "obs": torch.randn(rows, 3, generator=generator),
+            "episode": step // episode,
+            ("next", "done"): (step % episode == episode - 1).unsqueeze(-1),
+        },
+        batch_size=[rows],
+    )
+
+
+def _noisy(td):
+    """A transform drawing from torch's, numpy's and Python's global generators."""
+    td["noise"] = torch.rand(td.shape)
+    td["np_noise"] = torch.as_tensor(np.random.rand(*td.shape))
+    td["py_noise"] = torch.full(td.shape, random.random())
+    return td
+
+
+def _prioritized():
+    from torchrl.data import PrioritizedSampler
+
+    try:
+        return PrioritizedSampler(CAPACITY, alpha=0.7, beta=0.5)
+    except (RuntimeError, ImportError) as err:
+        pytest.skip(f"TorchRL's C++ extension does not load here (PrioritizedSampler: {err})")
+
+
+SAMPLERS = {
+    "random": RandomSampler,
+    "without_replacement": SamplerWithoutReplacement,
+    "slice": lambda: SliceSampler(num_slices=4),
+    "slice_traj_key": lambda: SliceSampler(num_slices=4, traj_key="episode", cache_values=True),
+    "slice_without_replacement": lambda: SliceSamplerWithoutReplacement(num_slices=4),
+    "prioritized": _prioritized,
+}
+
+
+def _buffer(sampler: str, *, transform=False, pin_memory=False, prefetch=None, generator=False,
+            cls=TensorDictReplayBuffer):
+    rb = cls(
+        storage=LazyTensorStorage(CAPACITY),
+        sampler=SAMPLERS[sampler](),
+        batch_size=BATCH,
+        pin_memory=pin_memory,
+        prefetch=prefetch,
+        generator=torch.Generator().manual_seed(7) if generator else None,
+    )
+    if transform:
+        rb.append_transform(_noisy)
+    rb.extend(_episodes())
+    return rb
+
+
+def _settle(rb) -> None:
+    """Waits for prefetched samples, so that the order of random draws is fixed."""
+    concurrent.futures.wait(list(getattr(rb, "_prefetch_queue", ())))
+
+
+def _draw(rb, n: int) -> list:
+    out = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torchrl_fixes.PinMemoryUnavailableWarning)
+        for _ in range(n):
+            out.append(rb.sample(return_info=True))
+            _settle(rb)
+    return out
+
+
+def _assert_equal(a, b, where="") -> None:
+    if isinstance(a, TensorDict) or hasattr(a, "keys") and hasattr(a, "batch_size"):
+        keys_a = sorted(a.keys(True, True), key=str)
+        assert keys_a == sorted(b.keys(True, True), key=str), where
+        for key in keys_a:
+            assert torch.equal(a[key], b[key]), f"{where}{key}"
+    elif isinstance(a, dict):
+        assert sorted(a, key=str) == sorted(b, key=str), where
+        for key in a:
+            _assert_equal(a[key], b[key], f"{where}{key}.")
+    elif isinstance(a, (tuple, list)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _assert_equal(x, y, f"{where}{i}.")
+    elif isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), where
+    else:
+        assert a == b, where
+
+
+def _global_states():
+    return torch.get_rng_state(), np.random.get_state(), random.getstate()
+
+
+def _seed(seed: int) -> None:
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    random.seed(seed)
+
+
+def _assert_same_states(before, after) -> None:
+    assert torch.equal(before[0], after[0])
+    assert before[1][0] == after[1][0]
+    assert np.array_equal(before[1][1], after[1][1]) and before[1][2:] == after[1][2:]
+    assert before[2] == after[2]
+
+
+CASES = [
+    pytest.param(sampler, transform, pin, id=f"{sampler}-{'transform' if transform else 'plain'}"
+                 f"{'-pin' if pin else ''}")
+    for sampler in SAMPLERS
+    for transform, pin in ((False, False), (True, False), (True, True))
+]
+
+
+@pytest.mark.parametrize("sampler, transform, pin_memory", CASES)
+def test_buffer_samples_what_it_would_have_sampled(sampler, transform, pin_memory):
+    """Two identical buffers, one diagnosed: their next samples are equal (indices, info, data)."""
+    diagnosed = _buffer(sampler, transform=transform, pin_memory=pin_memory)
+    untouched = _buffer(sampler, transform=transform, pin_memory=pin_memory)
+    # part of an epoch first: the without-replacement samplers are diagnosed mid-epoch
+    for rb in (diagnosed, untouched):
+        _seed(0)
+        _draw(rb, 3)
+    _seed(1)
+    states = _global_states()
+    length = len(diagnosed.storage)
+    report = diagnose_function(diagnosed, samples=7)
+    assert set(SAMPLE_STAGES) >= set(report.stages) - {"to_device", "to_device_non_blocking"}
+    _assert_same_states(states, _global_states())
+    assert len(diagnosed.storage) == length
+    # 12 draws cross the epochs of the without-replacement samplers (5 slice batches)
+    after_diagnose = _draw(diagnosed, 12)
+    _seed(1)
+    _assert_equal(after_diagnose, _draw(untouched, 12))
+
+
+@pytest.mark.parametrize("sampler", ["random", "slice_without_replacement"])
+def test_buffer_generator_and_prefetch_queue_are_untouched(sampler):
+    """A buffer with its own generator and a prefetch queue: same queue, same samples after."""
+    diagnosed = _buffer(sampler, transform=True, prefetch=1, generator=True)
+    untouched = _buffer(sampler, transform=True, prefetch=1, generator=True)
+    for rb in (diagnosed, untouched):
+        _seed(0)
+        _draw(rb, 2)
+    queue = list(diagnosed._prefetch_queue)
+    assert queue and all(future.done() for future in queue)
+    generator_state = diagnosed._sampler._rng.get_state()
+    _seed(1)
+    report = diagnose_function(diagnosed, samples=5)
+    assert list(diagnosed._prefetch_queue) == queue
+    assert torch.equal(diagnosed._sampler._rng.get_state(), generator_state)
+    assert report.prefetch["depth"] == 1
+    assert "worker thread" in report.prefetch["summary"]
+    after_diagnose = _draw(diagnosed, 8)
+    _seed(1)
+    _assert_equal(after_diagnose, _draw(untouched, 8))
+
+
+def test_plain_replay_buffer_with_return_info():
+    diagnosed, untouched = (_buffer("slice", transform=True, cls=ReplayBuffer) for _ in range(2))
+    _seed(3)
+    report = diagnose_function(diagnosed, samples=4)
+    assert "info" in report.not_measured and "boundaries" in report.stages
+    after_diagnose = _draw(diagnosed, 5)
+    _seed(3)
+    _assert_equal(after_diagnose, _draw(untouched, 5))
+
+
+def test_prefetch_in_flight_is_refused_and_left_alone(monkeypatch):
+    """A prefetch worker still drawing: refused with a clear message; the queue is as it was."""
+    # the package attribute torchrl_fixes.diagnose is the function; the module is in sys.modules
+    monkeypatch.setattr(sys.modules["torchrl_fixes.diagnose"], "SETTLE_SECONDS", 0.05)
+    gate, calls = threading.Event(), [0]
+
+    def held_back(td):
+        calls[0] += 1
+        if calls[0] >= 2:  # the first sample runs on this thread, the prefetched ones wait
+            gate.wait(30)
+        return td
+
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(CAPACITY), batch_size=BATCH, prefetch=1)
+    rb.append_transform(held_back)
+    rb.extend(_episodes())
+    rb.sample()
+    queue = list(rb._prefetch_queue)
+    assert len(queue) == 1 and not queue[0].done()
+    states = _global_states()
+    try:
+        with pytest.raises(DiagnoseRefused, match="prefetched sample.*still running"):
+            diagnose_function(rb)
+        assert list(rb._prefetch_queue) == queue and not queue[0].done()
+        _assert_same_states(states, _global_states())
+    finally:
+        gate.set()
+    assert queue[0].result(timeout=30)[0].batch_size == torch.Size([BATCH])
+
+
+# ---------------------------------------------------------------------------
+# Stages and report structure
+
+
+def test_stages_of_a_slice_sampler_and_report_shape():
+    rb = _buffer("slice", transform=True)
+    report = diagnose_function(rb, samples=3, device="cpu")
+    assert set(report.stages) == {"boundaries", "sampler", "gather", "transform", "info"}
+    assert all(isinstance(v, float) and v >= 0 for v in report.stages.values())
+    assert report.not_measured["to_device"] == "cpu is not an accelerator: no host->device copy"
+    assert report.not_measured["pin_memory"] == "pin_memory=False"
+    data = report.to_dict()
+    assert {"stages", "findings", "not_measured", "buffer", "prefetch", "sample_seconds"} <= set(data)
+    assert data["buffer"]["sampler"] == "SliceSampler" and data["buffer"]["stored"] == ROWS
+    json.dumps(data)  # plain data
+    text = str(report)
+    for _, label in STAGES:
+        assert label in text
+    assert "sample() total" in text and "prefetch: off" in text
+
+
+def test_random_sampler_has_no_boundary_stage():
+    report = diagnose_function(_buffer("random"), samples=2)
+    assert "boundaries" not in report.stages
+    assert report.not_measured["boundaries"] == "not a slice sampler"
+    assert report.not_measured["transform"] == "no transform"
+
+
+def test_transform_that_sleeps_dominates():
+    rb = _buffer("random")
+    rb.append_transform(lambda td: (time.sleep(0.02), td)[1])
+    report = diagnose_function(rb, samples=3)
+    assert report.codes[0] == "transform-dominates"
+    finding = report.findings[0]
+    assert "% of each sample" in finding.message and finding.remedy
+    assert report.to_dict()["findings"][0] == finding.to_dict()
+
+
+@pytest.mark.skipif(torch.accelerator.is_available(), reason="an accelerator is available")
+@_needs_fix("pinned_sample_output")
+@pytest.mark.parametrize("stock", [False, True])
+def test_pin_memory_without_accelerator(stock):
+    if stock:
+        with torchrl_fixes.disabled():
+            rb = _buffer("random", pin_memory=True)
+    else:
+        rb = _buffer("random", pin_memory=True)
+    report = diagnose_function(rb, samples=2)
+    assert "pin-memory-no-accelerator" in report.codes
+    message = report.findings[report.codes.index("pin-memory-no-accelerator")].message
+    assert ("raises RuntimeError" in message) == stock
+    assert "no accelerator" in report.not_measured["pin_memory"]
+
+
+def _big_episodes(rows: int) -> TensorDict:
+    """Episode ids and done flags only, in 1,000-step episodes."""
+    step = torch.arange(rows)
+    return TensorDict(
+        {"episode": step // 1000, ("next", "done"): (step % 1000 == 999).unsqueeze(-1)},
+        batch_size=[rows],
+    )
+
+
+@_needs_fix("slice_boundary_index")
+def test_stock_slice_sampler_with_the_fix_inactive():
+    """Deactivated fix, stock recovery over 4M rows against a 16-row batch: slice-boundaries, inactive."""
+    data = _big_episodes(4_000_000)
+    torchrl_fixes.deactivate("slice_boundary_index")
+    try:
+        rb = TensorDictReplayBuffer(
+            storage=LazyTensorStorage(len(data)), sampler=SliceSampler(num_slices=2), batch_size=16
+        )
+        rb.extend(data)
+        report = diagnose_function(rb, samples=5)
+    finally:
+        torchrl_fixes.activate("slice_boundary_index")
+    assert report.codes[0] == "slice-boundaries", str(report)
+    message = report.findings[0].message
+    assert "the slice_boundary_index fix is inactive (deactivated)" in message
+    assert "reads the trajectory ids 'episode' where the ('next', 'done') flags would do" in message
+    assert "end_key=('next', 'done')" in report.findings[0].remedy
+    assert report.buffer["fixes"]["slice_boundary_index"] == "inactive (deactivated)"
+
+
+@_needs_fix("slice_boundary_index")
+def test_applied_fix_whose_configuration_falls_back():
+    class OwnStorage(LazyTensorStorage):
+        def set(self, *args, **kwargs):
+            return super().set(*args, **kwargs)
+
+    data = _big_episodes(4_000_000)
+    rb = TensorDictReplayBuffer(
+        storage=OwnStorage(len(data)),
+        sampler=SliceSampler(num_slices=2, end_key=("next", "done")),
+        batch_size=16,
+    )
+    rb.extend(data)
+    report = diagnose_function(rb, samples=5)
+    assert report.codes[0] == "slice-boundaries", str(report)
+    assert (
+        "applied, but this configuration falls back to stock code: "
+        "OwnStorage.set is not one the index follows" in report.findings[0].message
+    )
+    assert "would do" not in report.findings[0].message  # it reads the done flags already
+
+
+def test_memmap_gather_dominates(tmp_path):
+    """Rows of 110 kB read from a memmap storage, 256 at a time: the gather dominates."""
+    rb = TensorDictReplayBuffer(
+        storage=LazyMemmapStorage(512, scratch_dir=tmp_path), batch_size=256
+    )
+    rb.extend(TensorDict({"pixels": torch.rand(512, 3, 96, 96)}, [512]))
+    report = diagnose_function(rb, samples=3)
+    assert report.codes[0] == "storage-gather-dominates", str(report)
+    message = report.findings[0].message
+    assert "MB/s read from LazyMemmapStorage at " in message and str(tmp_path) in message
+
+
+def test_unknown_layouts_and_bad_arguments_are_refused():
+    with pytest.raises(DiagnoseRefused, match="ReplayBuffer"):
+        diagnose_function(object())
+    rb = _buffer("random")
+    del rb.__dict__["_collate_fn"]
+    with pytest.raises(DiagnoseRefused, match="does not know this TorchRL's replay buffer layout.*_collate_fn"):
+        diagnose_function(rb)
+    empty = TensorDictReplayBuffer(storage=LazyTensorStorage(10), batch_size=4)
+    empty.extend(_episodes(4))
+    empty.empty()
+    with pytest.raises(DiagnoseRefused, match="empty"):
+        diagnose_function(empty)
+    with pytest.raises(ValueError, match="samples"):
+        diagnose_function(_buffer("random"), samples=0)
+    no_batch = TensorDictReplayBuffer(storage=LazyTensorStorage(10))
+    no_batch.extend(_episodes(4))
+    with pytest.raises(ValueError, match="batch_size"):
+        diagnose_function(no_batch)
+    assert diagnose_function(no_batch, batch_size=2, samples=1).buffer["batch_size"] == 2
+
+
+def test_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    report = diagnose_function(_buffer("slice"), samples=2)
+    path = report.save_png(tmp_path / "stages.png")
+    with open(path, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+# ---------------------------------------------------------------------------
+# Pinning through a stand-in accelerator (pinned copies recorded, not page-locked)
+
+
+class _FakePinning:
+    def __init__(self):
+        self.pinned: dict[int, torch.Tensor] = {}
+
+    def pin_memory(self, tensor, device=None):
+        if self.is_pinned(tensor):
+            return tensor
+        copy = tensor.clone()
+        self.pinned[copy.untyped_storage().data_ptr()] = copy
+        return copy
+
+    def is_pinned(self, tensor, device=None):
+        return tensor.device.type == "cpu" and tensor.numel() > 0 and (
+            tensor.untyped_storage().data_ptr() in self.pinned
+        )
+
+
+@pytest.fixture
+def fake_accelerator(monkeypatch):
+    if torch.accelerator.is_available():
+        pytest.skip("a real accelerator is present")
+    pinning = _FakePinning()
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda t, device=None: pinning.pin_memory(t))
+    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda t, device=None: pinning.is_pinned(t))
+    return pinning
+
+
+def _rebuild(td):
+    """A transform that returns a new TensorDict, with device=None."""
+    return TensorDict(dict(td.items()), batch_size=td.batch_size)
+
+
+@_needs_fix("pinned_sample_output")
+def test_pinning_on_the_training_thread(fake_accelerator):
+    rb = _buffer("random", pin_memory=True)
+    report = diagnose_function(rb, samples=3)
+    assert "pin_memory" in report.stages
+    assert "pinned-on-training-thread" in report.codes
+    assert "pin-memory-unpinned" not in report.codes  # the fix pins every returned tensor
+    prefetched = _buffer("random", pin_memory=True, prefetch=1)
+    assert "pinned-on-training-thread" not in diagnose_function(prefetched, samples=3).codes
+
+
+def test_stock_pinning_skips_a_transform_output(fake_accelerator):
+    with torchrl_fixes.disabled():
+        rb = _buffer("random", pin_memory=True)
+    rb.append_transform(_rebuild)
+    report = diagnose_function(rb, samples=2)
+    finding = report.findings[report.codes.index("pin-memory-unpinned")]
+    assert finding.message.startswith("pin_memory=True, but ")
+    assert "returned tensors are not pinned" in finding.message
+    assert "device=None" in finding.message and "info entries" in finding.message
+
+
+@pytest.mark.skipif(torch.accelerator.is_available(), reason="an accelerator is available")
+def test_stock_pinning_predicted_without_an_accelerator():
+    with torchrl_fixes.disabled():
+        rb = _buffer("random", pin_memory=True)
+    rb.append_transform(_rebuild)
+    report = diagnose_function(rb, samples=2)
+    message = report.findings[report.codes.index("pin-memory-unpinned")].message
+    assert "even with an accelerator" in message and "device=None" in message
+
+
+# ---------------------------------------------------------------------------
+# findings_from, on constructed stages
+
+
+def _facts(**overrides):
+    facts = {
+        "pin_memory": False, "prefetch": 0, "accelerator": True, "device": None, "unpinned": [],
+        "tensors": 0, "pinned_measured": True, "unpinned_source": False,
+        "transformed_device_none": False, "patched_pin": True,
+        "slice_fix": {"active": True, "why": "applied", "fallback": None},
+        "boundary_read": None, "has_done": False, "traj_key_named": False, "trajectories": None,
+        "gathered_bytes": 0, "storage": "LazyTensorStorage", "memmap_dir": None,
+    }
+    facts.update(overrides)
+    return facts
+
+
+def test_findings_thresholds():
+    assert findings_from({"sampler": 1e-4, "transform": 0.9e-4}, _facts()) == []
+    codes = [f.code for f in findings_from({"sampler": 1e-4, "transform": 1.1e-4}, _facts())]
+    assert codes == ["transform-dominates"]
+
+
+def test_findings_unpinned_transfer_and_pinning_thread():
+    stages = {"sampler": 1e-4, "gather": 1e-4, "pin_memory": 5e-4, "to_device": 2e-3,
+              "to_device_non_blocking": 1e-5}
+    found = findings_from(stages, _facts(pin_memory=True, unpinned_source=True, device="cuda:0"))
+    codes = [f.code for f in found]
+    assert codes == ["pinned-on-training-thread", "unpinned-transfer"]
+    assert "to cuda:0 from pageable memory" in found[1].message
+    assert "non_blocking=True" in found[1].remedy
+    assert "pinned-on-training-thread" not in [
+        f.code for f in findings_from(stages, _facts(pin_memory=True, prefetch=2))
+    ]
+
+
+def test_findings_gather_bandwidth_and_ids_named():
+    found = findings_from(
+        {"sampler": 1e-4, "gather": 1e-2},
+        _facts(gathered_bytes=50e6, storage="LazyMemmapStorage", memmap_dir="/slow/disk"),
+    )
+    assert "5,000 MB/s read from LazyMemmapStorage at /slow/disk" in found[0].message
+    found = findings_from(
+        {"boundaries": 1e-2, "sampler": 1e-4},
+        _facts(boundary_read=("trajectory", "episode"), has_done=True, traj_key_named=True),
+    )
+    assert "where the ('next', 'done') flags would do" in found[0].message
+    # ids read by the applied fix without a named key: the flags disagree, nothing to suggest
+    found = findings_from(
+        {"boundaries": 1e-2, "sampler": 1e-4},
+        _facts(boundary_read=("trajectory", "episode"), has_done=True),
+    )
+    assert "would do" not in found[0].message and "applied and used" in found[0].message
+
+
+# ---------------------------------------------------------------------------
+# Command line
+
+
+@pytest.fixture(scope="module")
+def cli_runs(spawn_python, finish_process):
+    started = {
+        "demo": spawn_python("-m", "torchrl_fixes", "diagnose", "--demo", "--json", "--samples", "3"),
+        "no buffer": spawn_python("-m", "torchrl_fixes", "diagnose"),
+        "bad samples": spawn_python("-m", "torchrl_fixes", "diagnose", "--demo", "--samples", "0"),
+        "bogus option": spawn_python("-m", "torchrl_fixes", "diagnose", "--bogus"),
+        "import": spawn_python(
+            "-c", "import sys, torchrl_fixes; print(callable(torchrl_fixes.diagnose), "
+            "'matplotlib' in sys.modules)"
+        ),
+    }
+    return {case: finish_process(process, timeout=300) for case, process in started.items()}
+
+
+def test_cli_demo(cli_runs):
+    run = cli_runs["demo"]
+    assert run.returncode == 0, run.stderr
+    report = json.loads(run.stdout)
+    codes = [f["code"] for f in report["findings"]]
+    assert "slice-boundaries" in codes and "pin-memory-unpinned" in codes
+    slice_message = report["findings"][codes.index("slice-boundaries")]["message"]
+    assert "inactive for this sampler" in slice_message
+    assert report["buffer"]["stored"] == 5_000_000
+    assert set(report["stages"]) >= {"boundaries", "sampler", "gather", "transform", "info"}
+
+
+def test_cli_without_a_buffer_says_how_in_one_line(cli_runs):
+    run = cli_runs["no buffer"]
+    assert run.returncode == 2 and run.stdout == ""
+    assert run.stderr.strip().splitlines() == [
+        "python -m torchrl_fixes diagnose: diagnose needs a replay buffer from Python: "
+        "`torchrl_fixes.diagnose(rb)` (or `diagnose --demo` for a built-in example)"
+    ]
+
+
+@pytest.mark.parametrize("case, bad", [("bad samples", "'0'"), ("bogus option", "--bogus")])
+def test_cli_bad_arguments(cli_runs, case, bad):
+    run = cli_runs[case]
+    assert run.returncode == 2 and run.stdout == ""
+    assert bad in run.stderr and "usage: python -m torchrl_fixes" in run.stderr
+    assert "Traceback" not in run.stderr
+
+
+def test_import_stays_light(cli_runs):
+    run = cli_runs["import"]
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["True", "False"]

@@ -209,3 +209,33 @@ def test_agreement_is_dropped_when_only_named_keys_read_the_storage(first_reader
         assert list(state.agreements) == ["episode"]
         unnamed._get_stop_and_length(storage)
         assert slice_boundaries.boundary_source(storage) == ("end", ("next", "done"))
+
+
+def test_each_hook_runs_in_the_module_that_defines_what_it_calls():
+    from torchrl_fixes.fixes.slice_boundary_index import (
+        INLINE_HOOKS,
+        SAMPLE_UNIT_HOOKS,
+        hook_module,
+    )
+
+    modules = {
+        qualname: hook_module((*before, *after)).__name__.rpartition(".")[2]
+        for (_, qualname), (before, after) in {**INLINE_HOOKS, **SAMPLE_UNIT_HOOKS}.items()
+        if before or after
+    }
+    assert modules["TensorStorage.set"] == "storage_boundaries"
+    assert modules["Storage.__getstate__"] == "storage_boundaries"
+    assert modules["SliceSampler._get_stop_and_length"] == "slice_boundaries"
+    assert modules["SampleUnit._episode_boundaries"] == "slice_boundaries"
+
+
+def test_before_torchrl_014_the_revision_moves_before_the_write_is_recorded(monkeypatch):
+    from torchrl_fixes.fixes import slice_boundary_index as fix
+
+    monkeypatch.setattr(fix, "_backports_mutation_revision", lambda: True)
+    before, after = fix._hooks()[("storages/tensor.py", "TensorStorage.set")]
+    assert before == ("revision = _mutation_revision(self)",)
+    assert after == ("self._bump_mutation_revision()", "_record_write(self, cursor, revision)")
+    assert ("storages/tensor.py", "TensorStorage._empty") in fix._hooks()
+    monkeypatch.setattr(fix, "_backports_mutation_revision", lambda: False)
+    assert fix._hooks() == fix.INLINE_HOOKS

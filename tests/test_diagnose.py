@@ -222,11 +222,12 @@ def test_prefetch_in_flight_is_refused_and_left_alone(monkeypatch):
     """A prefetch worker still drawing: refused with a clear message; the queue is as it was."""
     # the package attribute torchrl_fixes.diagnose is the function; the module is in sys.modules
     monkeypatch.setattr(sys.modules["torchrl_fixes.diagnose"], "SETTLE_SECONDS", 0.05)
-    gate, calls = threading.Event(), [0]
+    gate, waiting, calls = threading.Event(), threading.Event(), [0]
 
     def held_back(td):
         calls[0] += 1
         if calls[0] >= 2:  # the first sample runs on this thread, the prefetched ones wait
+            waiting.set()
             gate.wait(30)
         return td
 
@@ -236,6 +237,8 @@ def test_prefetch_in_flight_is_refused_and_left_alone(monkeypatch):
     rb.sample()
     queue = list(rb._prefetch_queue)
     assert len(queue) == 1 and not queue[0].done()
+    # the worker has drawn its index (from the global generator) once it reaches the transform
+    assert waiting.wait(30)
     states = _global_states()
     try:
         with pytest.raises(DiagnoseRefused, match="prefetched sample.*still running"):

@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import os
-import threading
 
 import pytest
 import torch
 
 import torchrl_fixes
 from conformance import reference
+from conformance.fake_pinning import install_fake_pinning
 from conformance.speed_sizes import GiB, memory_for_scale
 
 
@@ -84,48 +84,12 @@ def torchrl_extension():
             pytest.skip(message)
 
 
-class FakePinning:
-    """Stands in for pinned memory on a machine with no accelerator.
-
-    ``Tensor.pin_memory`` returns a copy and records it; ``Tensor.is_pinned`` is
-    true for any tensor sharing the storage of a recorded copy, as a view of a
-    pinned tensor is pinned. The thread of each pinning call is recorded too.
-    """
-
-    def __init__(self):
-        self._storages: dict[int, torch.Tensor] = {}
-        self.threads: dict[int, str] = {}
-        self.calls = 0
-
-    def pin_memory(self, tensor, device=None):
-        self.calls += 1
-        if self.is_pinned(tensor):
-            return tensor
-        copy = tensor.clone()
-        ptr = copy.untyped_storage().data_ptr()
-        self._storages[ptr] = copy  # keep alive, so the address is not reused
-        self.threads[ptr] = threading.current_thread().name
-        return copy
-
-    def is_pinned(self, tensor, device=None):
-        if tensor.device.type != "cpu" or tensor.numel() == 0:
-            return False
-        return tensor.untyped_storage().data_ptr() in self._storages
-
-    def thread_of(self, tensor) -> str:
-        return self.threads[tensor.untyped_storage().data_ptr()]
-
-
 @pytest.fixture
 def fake_accelerator(monkeypatch):
     """An accelerator is 'available', and pinning goes through :class:`FakePinning`."""
     if _has_cuda():
         pytest.skip("a real accelerator is present: the cuda-marked tests cover this")
-    pinning = FakePinning()
-    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
-    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda t, device=None: pinning.pin_memory(t))
-    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda t, device=None: pinning.is_pinned(t))
-    return pinning
+    return install_fake_pinning(monkeypatch)
 
 
 @pytest.fixture

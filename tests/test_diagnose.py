@@ -32,6 +32,7 @@ from torchrl.data import (
 )
 
 import torchrl_fixes
+from conformance.fake_pinning import install_fake_pinning
 from torchrl_fixes import diagnose as diagnose_function
 from torchrl_fixes.diagnose import (
     SAMPLE_STAGES,
@@ -401,32 +402,11 @@ def test_png(tmp_path):
 # Pinning through a stand-in accelerator (pinned copies recorded, not page-locked)
 
 
-class _FakePinning:
-    def __init__(self):
-        self.pinned: dict[int, torch.Tensor] = {}
-
-    def pin_memory(self, tensor, device=None):
-        if self.is_pinned(tensor):
-            return tensor
-        copy = tensor.clone()
-        self.pinned[copy.untyped_storage().data_ptr()] = copy
-        return copy
-
-    def is_pinned(self, tensor, device=None):
-        return tensor.device.type == "cpu" and tensor.numel() > 0 and (
-            tensor.untyped_storage().data_ptr() in self.pinned
-        )
-
-
 @pytest.fixture
 def fake_accelerator(monkeypatch):
     if torch.accelerator.is_available():
         pytest.skip("a real accelerator is present")
-    pinning = _FakePinning()
-    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
-    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda t, device=None: pinning.pin_memory(t))
-    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda t, device=None: pinning.is_pinned(t))
-    return pinning
+    return install_fake_pinning(monkeypatch)
 
 
 def _rebuild(td):

@@ -250,17 +250,9 @@ def _sample_unit_replacements() -> list[Replacement]:
 def fallback_reason(sampler, storage) -> str | None:
     """Why ``sampler`` samples ``storage`` with stock boundary recovery, or ``None`` if it does not.
 
-    Examples:
-        >>> import torch, torchrl_fixes
-        >>> from tensordict import TensorDict
-        >>> from torchrl.data import LazyTensorStorage, ListStorage, SliceSampler
-        >>> from torchrl_fixes.fixes.slice_boundary_index import fallback_reason
-        >>> storage = LazyTensorStorage(10)
-        >>> storage.set(torch.arange(4), TensorDict({"episode": torch.zeros(4)}, [4]))
-        >>> print(fallback_reason(SliceSampler(num_slices=2, traj_key="episode"), storage))
-        None
-        >>> fallback_reason(SliceSampler(num_slices=2, traj_key="episode"), ListStorage(10))
-        'storage is not a TensorStorage'
+    :func:`torchrl_fixes.slice_boundaries.fallback_reason` (its examples show both
+    answers), and before TorchRL 0.14 also why the backported mutation revision could
+    miss writes to ``storage`` (:func:`torchrl_fixes.mutation_revision.unseen_writes_reason`).
     """
     reason = slice_boundaries.fallback_reason(sampler, storage)
     if reason is None and _IMPORT_ERROR is None and _backports_mutation_revision():

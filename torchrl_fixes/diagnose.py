@@ -26,11 +26,13 @@ import functools
 import json
 import random
 import statistics
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+import numpy as np
 import torch
 
 # A stage "dominates" from this share of the sample on.
@@ -264,7 +266,7 @@ def _buffer_parts(buffer) -> _Parts:
             f"diagnose does not know this TorchRL's replay buffer layout: {type(buffer).__name__} "
             f"has no {', '.join(missing)} (known: torchrl 0.14 and TorchRL main as of 2026-10)"
         )
-    base = _module_of(ReplayBuffer)
+    base = sys.modules[ReplayBuffer.__module__]
     storage_index = getattr(base, "_storage_index", None)
     notes = []
     if storage_index is None:
@@ -296,12 +298,6 @@ def _buffer_parts(buffer) -> _Parts:
     )
 
 
-def _module_of(cls):
-    import sys
-
-    return sys.modules.get(cls.__module__)
-
-
 def _same_index(index, storage):
     return index
 
@@ -324,18 +320,7 @@ def _fix_state(name: str, obj: Any, noun: str = "object") -> tuple[bool, str]:
 
 
 def _is_generator(value) -> bool:
-    if isinstance(value, (torch.Generator, random.Random)):
-        return True
-    np = _numpy()
-    return np is not None and isinstance(value, (np.random.Generator, np.random.RandomState))
-
-
-def _numpy():
-    try:
-        import numpy
-    except ImportError:  # pragma: no cover - torch requires numpy here, not everywhere
-        return None
-    return numpy
+    return isinstance(value, (torch.Generator, random.Random, np.random.Generator, np.random.RandomState))
 
 
 def _generator_state(gen):
@@ -428,16 +413,14 @@ class _GlobalGenerators:
     def __init__(self):
         self.torch = torch.get_rng_state()
         self.cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
-        np = _numpy()
-        self.numpy = np.random.get_state() if np is not None else None
+        self.numpy = np.random.get_state()
         self.python = random.getstate()
 
     def restore(self) -> None:
         torch.set_rng_state(self.torch)
         if self.cuda is not None:
             torch.cuda.set_rng_state_all(self.cuda)
-        if self.numpy is not None:
-            _numpy().random.set_state(self.numpy)
+        np.random.set_state(self.numpy)
         random.setstate(self.python)
 
 

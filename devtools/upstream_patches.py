@@ -105,6 +105,7 @@ _MODULE_REWRITES = (
         f"from torchrl._utils import logger\nfrom {_RB_MODULE}.storage_boundaries import",
     ),
     ("from torchrl_fixes.trajectory_boundaries import", f"from {_RB_MODULE}.trajectory_boundaries import"),
+    ("from torchrl_fixes.trajectory_order import", f"from {_RB_MODULE}.trajectory_order import"),
     ("from torchrl_fixes.slice_boundaries import", f"from {_RB_MODULE}.slice_boundaries import"),
     (
         _CACHE_IMPORT,
@@ -176,17 +177,19 @@ class AddImport:
 
 @dataclass(frozen=True)
 class UpstreamPatch:
-    """One upstream diff: the fix it carries, its header text, the patches it needs, its edits."""
+    """One upstream diff: the runtime fix it comes from, its header text, the patches it
+    needs, its edits, and its name where the fix gives more than one patch."""
 
     number: int
     fix: str
     header: str
     depends_on: tuple[int, ...]
     edits: tuple
+    name: str | None = None
 
     @property
     def filename(self) -> str:
-        return f"{self.number:04d}-{self.fix.replace('_', '-')}.patch"
+        return f"{self.number:04d}-{(self.name or self.fix).replace('_', '-')}.patch"
 
 
 # ---------------------------------------------------------------------------
@@ -353,15 +356,34 @@ def _names_from(module_name: str, statements) -> tuple[str, ...]:
     return tuple(sorted(name for name in used if hasattr(module, name)))
 
 
+def _hook_edits(hooks: dict) -> list:
+    """The statements of ``hooks`` written into TorchRL's methods, and the imports they need."""
+    from torchrl_fixes.fixes.slice_boundary_index import hook_module
+
+    edits: list = []
+    imports: dict[tuple[str, str], list[str]] = {}
+    for (path, qualname), (before, after) in hooks.items():
+        edits.append(InlineStatements(f"{RB}/{path}", qualname, before, after))
+        module = hook_module((*before, *after)).__name__
+        imports.setdefault((path, module), []).extend((*before, *after))
+    for (path, module), statements in imports.items():
+        names = _names_from(module, statements)
+        if not names:
+            continue
+        target = f"{_RB_MODULE}.{module.rpartition('.')[2]}"
+        edits.append(AddImport(f"{RB}/{path}", target, names))
+    return edits
+
+
 def patches() -> list[UpstreamPatch]:
     """The generated patches, in order."""
     import torchrl_fixes
     from torchrl_fixes.fixes import single_gather
     from torchrl_fixes.fixes.slice_boundary_index import (
         INLINE_HOOKS,
+        SAMPLE_HOOKS,
         SAMPLE_UNIT_HOOKS,
         _sample_unit_replacements,
-        hook_module,
     )
     from torchrl_fixes.patching import get_original
 
@@ -375,7 +397,12 @@ def patches() -> list[UpstreamPatch]:
         }["_finalize_index"]
 
     boundary_edits: list = [
-        NewModule(f"{RB}/trajectory_boundaries.py", "torchrl_fixes.trajectory_boundaries"),
+        NewModule(f"{RB}/trajectory_order.py", "torchrl_fixes.trajectory_order"),
+        NewModule(
+            f"{RB}/trajectory_boundaries.py",
+            "torchrl_fixes.trajectory_boundaries",
+            rewrites=("from torchrl_fixes.trajectory_order import",),
+        ),
         NewModule(
             f"{RB}/storage_boundaries.py",
             "torchrl_fixes.storage_boundaries",
@@ -394,17 +421,18 @@ def patches() -> list[UpstreamPatch]:
             ),
         ),
     ]
-    imports: dict[tuple[str, str], list[str]] = {}
-    for (path, qualname), (before, after) in hooks.items():
-        boundary_edits.append(InlineStatements(f"{RB}/{path}", qualname, before, after))
-        module = hook_module((*before, *after)).__name__
-        imports.setdefault((path, module), []).extend((*before, *after))
-    for (path, module), statements in imports.items():
-        names = _names_from(module, statements)
-        if not names:
-            continue
-        target = f"{_RB_MODULE}.{module.rpartition('.')[2]}"
-        boundary_edits.append(AddImport(f"{RB}/{path}", target, names))
+    boundary_edits += _hook_edits(hooks)
+    sample_edits = [
+        NewModule(
+            f"{RB}/slice_sampling.py",
+            "torchrl_fixes.slice_sampling",
+            rewrites=(
+                "from torchrl_fixes.slice_boundaries import",
+                "from torchrl_fixes.trajectory_boundaries import",
+            ),
+        ),
+        *_hook_edits(SAMPLE_HOOKS),
+    ]
 
     return [
         UpstreamPatch(2, "slice_boundary_index", SLICE_BOUNDARY_INDEX_HEADER, (), tuple(boundary_edits)),
@@ -448,6 +476,14 @@ def patches() -> list[UpstreamPatch]:
                     ),
                 ),
             ),
+        ),
+        UpstreamPatch(
+            4,
+            "slice_boundary_index",
+            SLICE_SAMPLE_ORDER_HEADER,
+            (2,),
+            tuple(sample_edits),
+            name="slice_sample_order",
         ),
     ]
 
@@ -668,12 +704,14 @@ Problem
 Change
   The storage's entry in _REPLAY_BOUNDARY_CACHE also holds, per boundary
   signal a sampler reads (traj_key ids, end_key flags, the union of end_keys),
-  the sorted rows where trajectories end (new module trajectory_boundaries.py,
-  pure torch). TensorStorage.set advances the entry by the rows it writes,
-  O(k), and files it under the new revision instead of emptying it (new module
-  storage_boundaries.py); the next sample reads the signal of those rows only
-  and splices them in, so a sample costs O(batch) plus O(trajectories)
-  whatever the capacity. Any mutation that records no rows (_empty,
+  the rows where trajectories end (new module trajectory_boundaries.py, pure
+  torch), kept sorted in chunks of about 1,024 with their trajectories' lengths
+  (new module trajectory_order.py, numpy). TensorStorage.set advances the entry
+  by the rows it writes, O(k), and files it under the new revision instead of
+  emptying it (new module storage_boundaries.py); the next sample reads the
+  signal of those rows only and rewrites the chunks they fall in, so the
+  boundaries cost O(k) per write whatever the capacity (listing them for
+  _sample_slices is O(trajectories); 0004 removes that). Any mutation that records no rows (_empty,
   load_state_dict, loads, the buffer's set_ / set_at_ / update_, a write from
   another process sharing the storage, a compiled write) moves the revision
   alone, and the entry is rebuilt from the whole storage at the next sample.
@@ -712,6 +750,51 @@ Tests to add to TorchRL (test/rb/)
     agree with the ids, ids read after interleaved writes, one log line);
   - TrajectoryBoundaries on its own: random writes and wraps against the
     whole-signal recovery.
+"""
+
+SLICE_SAMPLE_ORDER_HEADER = """\
+Subject: [PATCH] replay buffers: SliceSampler draws trajectories by rank, without listing them
+
+Problem
+  With the incremental index (0002) the boundaries cost O(k) per write of k
+  rows, but SliceSampler.sample still lists every trajectory (start, stop,
+  length) and _sample_slices filters and indexes the whole listing at every
+  sample: O(number of trajectories). With short episodes that dominates: 100M
+  stored transitions in 100-step episodes are 1M trajectories, and a sample
+  after a write costs several times a random sample of the same batch.
+
+Change
+  The index keeps each boundary signal's trajectory stops in a TrajectoryOrder
+  (0002's trajectory_order.py: sorted chunks of about 1,024 stops, each chunk
+  with its trajectories' lengths and, per minimum length asked for, how many
+  are that long). SliceSampler.sample now asks it first (new module
+  slice_sampling.py): the same torch.randint draw, from the same generator,
+  over the same count (every trajectory, or those at least seq_length long
+  where strict_length drops the others), picks trajectories by rank in the
+  order, and _sample_slices receives only the drawn ones, numbered by
+  traj_idx, plus one of the shortest where some are too short so that it takes
+  the branch it takes on the whole listing. Every sample is unchanged. A sample
+  costs O(batch) plus a scan of one count per chunk, whatever the number of
+  trajectories. Samplers that override _get_stop_and_length,
+  _adjusted_batch_size, _sample_slices or _get_index, and every configuration
+  0002 leaves to the whole-storage recovery, sample as before;
+  SliceSamplerWithoutReplacement and PrioritizedSliceSampler keep their own
+  sample() and read the listing, as before.
+
+Upstream issue: https://github.com/pytorch/rl/issues/2669
+
+Measured effect (torchrl 0.14.1, torch 2.13.0+cpu, 2-core machine, one thread;
+stock, patched and a RandomSampler sample of the same 2,048 rows timed in
+turn; a sample right after a 1,000-row write, 32 slices, done flags)
+{measured}
+
+Tests to add to TorchRL (test/rb/)
+  - TrajectoryOrder on its own: random replacements against a brute-force
+    listing (counts, the trajectory at every rank, per minimum length);
+  - SliceSampler with strict_length True and False, span, pad_output,
+    slice_len and num_slices, ndim=1 and ndim=2 storages, ids and done flags,
+    with and without trajectories shorter than the slice: samples identical to
+    the whole listing's, given the same generator state, after every write.
 """
 
 SINGLE_GATHER_HEADER = """\

@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from torchrl_fixes import trajectory_order
 from torchrl_fixes.trajectory_boundaries import (
     EndFlagDisagreements,
     TrajectoryBoundaries,
-    _merge_sorted,
 )
 
 
@@ -46,16 +46,26 @@ def reference(signal: torch.Tensor, kind: str, length: int, at_capacity: bool, c
     return start, stop, lengths
 
 
+@pytest.fixture(autouse=True, params=[3, None], ids=["chunks-of-3", "default-chunks"])
+def chunk_load(request, monkeypatch):
+    """Every test also runs with tiny chunks, so that writes cross and merge chunks."""
+    if request.param is not None:
+        monkeypatch.setattr(trajectory_order, "LOAD", request.param)
+    return request.param
+
+
 def query(index, signal, length, at_capacity, cursor):
+    """The index's boundaries; its order, queried trajectory by trajectory, must agree."""
     lanes = 1 if signal.ndim == 1 else signal.shape[1]
-    return index.boundaries(
-        signal.__getitem__,
-        capacity=signal.shape[0],
-        length=length,
-        at_capacity=at_capacity,
-        cursor=cursor,
-        lanes=lanes,
+    arguments = dict(
+        capacity=signal.shape[0], length=length, at_capacity=at_capacity, cursor=cursor, lanes=lanes
     )
+    # the order first: what boundaries() returns after it must be as fresh
+    order = index.trajectories(signal.__getitem__, **arguments)
+    selected = order.select(torch.arange(len(order)))
+    got = index.boundaries(signal.__getitem__, **arguments)
+    assert_same(selected, got)
+    return got
 
 
 def assert_same(got, expected):
@@ -72,11 +82,6 @@ def random_signal(kind, rows, generator, lanes=None):
     # episode ids that change now and then
     steps = (torch.rand(shape, generator=generator) < 0.2).long()
     return steps.cumsum(0)
-
-
-def test_merge_sorted_interleaves():
-    merged = _merge_sorted(torch.tensor([1, 4, 9]), torch.tensor([0, 5, 10]))
-    assert merged.tolist() == [0, 1, 4, 5, 9, 10]
 
 
 def test_bad_kind_and_short_length_raise():
@@ -201,7 +206,7 @@ def test_disagreements_follow_writes(lanes, seed):
         index.refresh(pair, capacity=capacity, length=length, lanes=lane_count)
         expected = disagreeing_rows(ids.reshape(capacity, -1), done.reshape(capacity, -1), length)
         keys = expected[:, 0] * capacity + expected[:, 1]
-        assert torch.equal(index._ends, keys), step
+        assert torch.equal(index._order.stops(), keys), step
         if length < 2:
             continue
         at_capacity = length == capacity

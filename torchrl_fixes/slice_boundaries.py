@@ -199,6 +199,14 @@ def _log_fallback(reason: str) -> None:
 
 def _boundary_index_boundaries(sampler, storage):
     """The boundaries from the storage's index, or ``None`` where stock code must run."""
+    return _query_index(sampler, storage, TrajectoryBoundaries.boundaries)
+
+
+def _query_index(sampler, storage, query: Callable):
+    """``query(index, signal, **geometry)`` on the storage's index for ``sampler``, under its lock.
+
+    Returns ``None`` where stock code must run.
+    """
     reason = _fallback_reason(sampler, storage)
     length = storage._len_along_dim0 if reason is None else 0
     if reason is None and length < 2:
@@ -246,7 +254,8 @@ def _boundary_index_boundaries(sampler, storage):
             # The column was replaced (or first seen): its rows are new.
             index.reset()
             boundaries.stamps[index_key] = key[2]
-        return index.boundaries(
+        return query(
+            index,
             signal,
             capacity=storage._storage.batch_size[0],
             length=length,

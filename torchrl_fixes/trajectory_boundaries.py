@@ -8,13 +8,13 @@ A storage holds ``capacity`` rows along its first dimension, of which the first
 dimensions). A boundary signal is read per row: either trajectory ids (a row ends
 a trajectory where the next row of the same lane holds another id) or end flags
 (a row ends a trajectory where its flag is set). The index keeps the rows where
-the signal itself marks an end, as sorted integer keys ``lane * capacity + row``,
-so its size is the number of trajectories, never the capacity. A write of ``k``
-rows is recorded in O(k); the next query reads the signal of those rows only
-(plus one neighbour per row for ids) and splices the result in. The rows that
-the storage state marks as ends (the last valid row of a partially filled
-storage, the write cursor of a full one, the last row of a lane with no end) are
-added at query time.
+the signal itself marks an end, as sorted integer keys ``lane * capacity + row``
+in a :class:`~.trajectory_order.TrajectoryOrder`, so its size is the number of
+trajectories, never the capacity. A write of ``k`` rows is recorded in O(k); the
+next query reads the signal of those rows only (plus one neighbour per row for
+ids) and rewrites the chunks of the order they fall in. The rows that the storage
+state marks as ends (the last valid row of a partially filled storage, the write
+cursor of a full one, the last row of a lane with no end) are added at query time.
 
 What a query returns is, value for value, what TorchRL's trajectory-boundary
 recovery (``SliceSampler._find_start_stop_traj``) returns from the whole signal.
@@ -24,35 +24,24 @@ from __future__ import annotations
 import threading
 from typing import Callable
 
+import numpy as np
 import torch
+
+from torchrl_fixes.trajectory_order import TrajectoryOrder
 
 Signal = Callable[[slice], torch.Tensor]
 
 KINDS = ("trajectory", "end")
+_NO_KEYS = np.empty(0, dtype=np.int64)
 
 
-def _merge_sorted(kept: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-    """Merges two sorted key tensors with no key in common, in O(len(kept) + len(new) log)."""
-    if not new.numel():
-        return kept
-    if not kept.numel():
-        return new
-    at = torch.searchsorted(kept, new) + torch.arange(new.numel(), device=new.device)
-    out = torch.empty(kept.numel() + new.numel(), dtype=kept.dtype, device=kept.device)
-    free = torch.ones(out.numel(), dtype=torch.bool, device=kept.device)
-    free[at] = False
-    out[at] = new
-    out[free] = kept
-    return out
-
-
-def _contiguous_runs(rows: torch.Tensor) -> list[tuple[int, int]]:
+def _contiguous_runs(rows: np.ndarray) -> list[tuple[int, int]]:
     """``(first, last)`` of each run of consecutive values in sorted unique ``rows``."""
-    if not rows.numel():
+    if not rows.size:
         return []
-    breaks = (rows[1:] != rows[:-1] + 1).nonzero().squeeze(-1)
-    firsts = torch.cat([rows[:1], rows[breaks + 1]]).tolist()
-    lasts = torch.cat([rows[breaks], rows[-1:]]).tolist()
+    breaks = np.flatnonzero(rows[1:] != rows[:-1] + 1)
+    firsts = np.concatenate([rows[:1], rows[breaks + 1]]).tolist()
+    lasts = np.concatenate([rows[breaks], rows[-1:]]).tolist()
     return list(zip(firsts, lasts))
 
 
@@ -101,7 +90,10 @@ class TrajectoryBoundaries:
     def reset(self) -> None:
         """Forgets everything: the next query rebuilds from the whole signal."""
         with self._lock:
-            self._ends: torch.Tensor | None = None
+            # the stops: the signal's ends, plus the rows the storage state ends
+            self._order: TrajectoryOrder | None = None
+            self._forced: tuple[int, ...] = ()  # stops in the order for the state alone
+            self._forced_key = None
             self._capacity: int | None = None
             self._lanes: int | None = None
             self._length = 0
@@ -113,7 +105,7 @@ class TrajectoryBoundaries:
     @property
     def built(self) -> bool:
         """Whether the index holds boundaries (False until the first query and after a reset)."""
-        return self._ends is not None
+        return self._order is not None
 
     @property
     def pending_rows(self) -> int:
@@ -122,8 +114,8 @@ class TrajectoryBoundaries:
 
     def num_ends(self) -> int:
         """How many rows the signal marks as ends (the index's size), 0 before it is built."""
-        ends = self._ends
-        return 0 if ends is None else ends.numel()
+        order = self._order
+        return 0 if order is None else len(order) - len(self._forced)
 
     def mark_written(self, rows: torch.Tensor) -> None:
         """Records that ``rows`` (indices along the first dimension) were written.
@@ -131,7 +123,7 @@ class TrajectoryBoundaries:
         Costs O(len(rows)); nothing is read until the next :meth:`boundaries`.
         """
         with self._lock:
-            if self._ends is None:
+            if self._order is None:
                 return
             self._pending_rows += rows.numel()
             if self._pending_rows > self.max_pending:
@@ -171,15 +163,55 @@ class TrajectoryBoundaries:
             integer tensors of the first and last (inclusive) row of each
             trajectory, ordered by lane then row, and ``lengths``, ``[N]``.
         """
+        with self._lock:
+            self._query(
+                signal, capacity=capacity, length=length, at_capacity=at_capacity,
+                cursor=cursor, lanes=lanes,
+            )
+            if self._result is None:
+                self._result = self._order.materialize()
+            return self._result
+
+    def trajectories(
+        self,
+        signal: Signal,
+        *,
+        capacity: int,
+        length: int,
+        at_capacity: bool,
+        cursor: int | None,
+        lanes: int = 1,
+    ) -> TrajectoryOrder:
+        """The trajectories of :meth:`boundaries`, as a :class:`TrajectoryOrder` to query.
+
+        Takes the arguments of :meth:`boundaries`. Costs what reading the written
+        rows costs, nothing per trajectory; the order stays valid until the next
+        :meth:`mark_written`, :meth:`reset` or query (callers hold :attr:`lock`).
+        """
+        with self._lock:
+            self._query(
+                signal, capacity=capacity, length=length, at_capacity=at_capacity,
+                cursor=cursor, lanes=lanes,
+            )
+            return self._order
+
+    @property
+    def lock(self) -> threading.RLock:
+        """Held while the index changes."""
+        return self._lock
+
+    def _query(self, signal, *, capacity, length, at_capacity, cursor, lanes) -> bool:
+        """Brings the order up to date for a query; returns whether its trajectories changed."""
         if length < 2:
             raise ValueError(f"length must be at least 2, got {length}.")
-        with self._lock:
-            changed = self._update(signal, capacity=capacity, length=length, lanes=lanes)
-            key = (length, bool(at_capacity), cursor)
-            if changed or self._result_key != key:
-                self._result = self._derive(length, bool(at_capacity), cursor)
-                self._result_key = key
-            return self._result
+        changed = self._update(signal, capacity=capacity, length=length, lanes=lanes)
+        key = (length, bool(at_capacity), cursor)
+        if changed or self._forced_key != key:
+            self._force_stops(length, bool(at_capacity), cursor)
+            self._forced_key = key
+            self._result = None
+            changed = True
+        return changed
 
     def refresh(self, signal: Signal, *, capacity: int, length: int, lanes: int = 1) -> None:
         """Brings the index up to date with ``signal`` now, building it if it is not built.
@@ -215,13 +247,15 @@ class TrajectoryBoundaries:
     def _rebuild(self, signal: Signal, capacity: int, length: int, lanes: int) -> None:
         self._capacity, self._lanes, self._length = capacity, lanes, length
         ends = self._natural_all(signal, length)
-        self._ends = self._keys(ends, None)
+        self._order = TrajectoryOrder(capacity, lanes)
+        self._order.assign(self._keys(ends, None).numpy())
+        self._forced, self._forced_key = (), None
         self._pending, self._pending_rows = [], 0
 
     def _update(self, signal: Signal, *, capacity: int, length: int, lanes: int) -> bool:
         """Brings the stored ends up to date with the signal; returns whether they changed."""
         if (
-            self._ends is None
+            self._order is None
             or self._capacity != capacity
             or self._lanes != lanes
             or length < self._length
@@ -240,29 +274,51 @@ class TrajectoryBoundaries:
         if sum(last - first + 1 for first, last in runs) * 4 > length:
             self._rebuild(signal, capacity, length, lanes)
             return True
-        if lanes == 1:
-            # Cut each run's old ends out and put its new ones in: one copy of
-            # the ends, however many runs.
-            ends = self._ends
-            bounds = torch.tensor([b for first, last in runs for b in (first, last + 1)])
-            cuts = torch.searchsorted(ends, bounds).tolist()
-            pieces, kept_from = [], 0
-            for i, (first, last) in enumerate(runs):
-                pieces.append(ends[kept_from : cuts[2 * i]])
-                found = self._natural_run(signal, first, last, length).reshape(-1).nonzero()
-                pieces.append(found.squeeze(-1) + first)
-                kept_from = cuts[2 * i + 1]
-            pieces.append(ends[kept_from:])
-            self._ends = torch.cat(pieces)
-            return True
-        rows = torch.cat([torch.arange(first, last + 1) for first, last in runs])
-        ends = torch.cat([self._natural_run(signal, first, last, length) for first, last in runs])
-        new = self._keys(ends, rows)
-        ends = self._ends
-        row = ends % capacity
-        at = torch.searchsorted(rows, row).clamp_max(rows.numel() - 1)
-        self._ends = _merge_sorted(ends[rows[at] != row], new)
+        self._unforce_stops()
+        order = self._order
+        for first, last in runs:
+            found = self._natural_run(signal, first, last, length)
+            if lanes == 1:
+                order.replace(first, last, np.flatnonzero(found.reshape(-1).numpy()) + first)
+                continue
+            keys = self._keys(found, torch.arange(first, last + 1)).numpy()
+            lane_at = np.searchsorted(keys, np.arange(lanes + 1) * capacity)
+            for lane in range(lanes):
+                offset = lane * capacity
+                order.replace(
+                    offset + first, offset + last, keys[lane_at[lane] : lane_at[lane + 1]]
+                )
         return True
+
+    def _unforce_stops(self) -> None:
+        """Takes the stops the storage state alone made out of the order."""
+        for key in self._forced:
+            self._order.replace(key, key, _NO_KEYS)
+        self._forced, self._forced_key = (), None
+
+    def _force_stops(self, length: int, at_capacity: bool, cursor: int | None) -> None:
+        """Adds the stops the storage state makes: the last valid row of a storage that
+        is not full, the write cursor of a full one, the last row of a lane with no end."""
+        self._unforce_stops()
+        order = self._order
+        order.length = length
+        lane_keys = [lane * self._capacity for lane in range(self._lanes)]
+        if not at_capacity:
+            wanted = [key + length - 1 for key in lane_keys]
+        elif cursor is not None:
+            wanted = [key + cursor for key in lane_keys]
+        else:
+            wanted = [
+                key + length - 1
+                for key in lane_keys
+                if order._rank_of(key) == order._rank_of(key + self._capacity)
+            ]
+        forced = []
+        for key in wanted:
+            if key not in order:
+                order.replace(key, key, np.array([key], dtype=np.int64))
+                forced.append(key)
+        self._forced = tuple(forced)
 
     def _stale_runs(
         self, pending: list[torch.Tensor], old_length: int, length: int
@@ -279,19 +335,19 @@ class TrajectoryBoundaries:
             # old row compared itself with row 0 and must now see its successor.
             runs.append((max(old_length - 1, 0), length - 1))
         if pending:
-            rows = pending[0] if len(pending) == 1 else torch.cat(pending)
-            if rows.numel():
-                lo, hi = (int(v) for v in rows.aminmax())
+            rows = (pending[0] if len(pending) == 1 else torch.cat(pending)).numpy()
+            if rows.size:
+                lo, hi = int(rows[0]), int(rows[-1])
                 if (
-                    hi - lo + 1 == rows.numel()
+                    hi - lo + 1 == rows.size
                     and 0 <= lo
                     and hi < length
-                    and torch.equal(rows, torch.arange(lo, hi + 1))
+                    and (np.diff(rows) == 1).all()
                 ):
                     # One run of rows, as one extend writes: no sort needed.
                     runs.append((lo, hi))
                 else:
-                    rows = torch.unique(rows[(rows >= 0) & (rows < length)])
+                    rows = np.unique(rows[(rows >= 0) & (rows < length)])
                     runs.extend(_contiguous_runs(rows))
         if self._reads_next_row:
             widened = []
@@ -322,67 +378,6 @@ class TrajectoryBoundaries:
         values = signal(slice(first, last + 1))
         after = torch.cat([values[1:], signal(slice(0, 1))])
         return (values != after).reshape(count, -1)
-
-    def _derive(self, length: int, at_capacity: bool, cursor: int | None):
-        if self._lanes == 1:
-            return self._derive_one_lane(length, at_capacity, cursor)
-        return self._derive_lanes(length, at_capacity, cursor)
-
-    def _derive_one_lane(self, length: int, at_capacity: bool, cursor: int | None):
-        stop = self._ends
-        forced = length - 1 if not at_capacity else cursor
-        if forced is not None:
-            at = int(torch.searchsorted(stop, forced))
-            if at == stop.numel() or int(stop[at]) != forced:
-                stop = torch.cat([stop[:at], stop.new_full((1,), forced), stop[at:]])
-        elif not stop.numel():
-            stop = torch.tensor([length - 1])
-        # Each trajectory starts after the previous one stops; the first starts
-        # after the last one, around the ring.
-        count = stop.numel()
-        first_stop, last_stop = stop[[0, -1]].tolist()
-        first_start = (last_stop + 1) % length
-        start = torch.empty(count, 1, dtype=stop.dtype)
-        torch.add(stop[:-1], 1, out=start[1:, 0])
-        start[0, 0] = first_start
-        lengths = torch.empty(count, dtype=stop.dtype)
-        torch.sub(stop[1:], stop[:-1], out=lengths[1:])
-        first_length = first_stop - first_start + 1
-        lengths[0] = first_length if first_length > 0 else first_length + length
-        return start, stop.unsqueeze(-1), lengths
-
-    def _derive_lanes(self, length: int, at_capacity: bool, cursor: int | None):
-        capacity, lanes = self._capacity, self._lanes
-        ends = self._ends
-        lane_keys = torch.arange(lanes) * capacity
-        forced = None
-        if not at_capacity:
-            forced = lane_keys + (length - 1)
-        elif cursor is not None:
-            forced = lane_keys + cursor
-        if forced is not None:
-            if ends.numel():
-                at = torch.searchsorted(ends, forced).clamp_max(ends.numel() - 1)
-                forced = forced[ends[at] != forced]
-            ends = _merge_sorted(ends, forced)
-        else:
-            # A lane with no end at all ends at its last row.
-            has_end = torch.zeros(lanes, dtype=torch.bool)
-            has_end[ends // capacity] = True
-            ends = _merge_sorted(ends, lane_keys[~has_end] + (length - 1))
-
-        stop = ends % capacity
-        after = (stop + 1) % length
-        lane = ends // capacity
-        new_lane = lane[1:] != lane[:-1]
-        first = torch.cat([torch.ones(1, dtype=torch.bool), new_lane])
-        last = torch.cat([new_lane, torch.ones(1, dtype=torch.bool)])
-        start = torch.empty_like(after)
-        start[1:] = after[:-1]
-        start[first] = after[last]
-        lengths = stop - start + 1
-        lengths[lengths <= 0] += length
-        return torch.stack([start, lane], -1), torch.stack([stop, lane], -1), lengths
 
 
 class EndFlagDisagreements(TrajectoryBoundaries):
@@ -429,15 +424,16 @@ class EndFlagDisagreements(TrajectoryBoundaries):
         Must follow a :meth:`refresh` that saw every write.
         """
         with self._lock:
-            rows = self._ends
-            if rows is None:
+            order = self._order
+            if order is None:
                 raise RuntimeError("the disagreements are not built; call refresh() first.")
-            if not rows.numel():
+            count = len(order)
+            if not count:
                 return True
             forced = length - 1 if not at_capacity else cursor
-            if forced is None or rows.numel() > self._lanes:
+            if forced is None or count > self._lanes:
                 return False
-            return bool((rows % self._capacity == forced).all())
+            return bool((order.stops() % self._capacity == forced).all())
 
     def _disagree(self, ids: torch.Tensor, next_ids: torch.Tensor, ends: torch.Tensor):
         return (ids != next_ids) != ends.reshape(ids.shape)

@@ -58,7 +58,7 @@ import inspect
 
 from packaging.specifiers import SpecifierSet
 
-from torchrl_fixes import mutation_revision, slice_boundaries, storage_boundaries
+from torchrl_fixes import mutation_revision, slice_boundaries, slice_sampling, storage_boundaries
 from torchrl_fixes.mutation_revision import MUTATION_REVISION_HOOKS
 from torchrl_fixes.patching import Replacement, wrap_with_statements
 from torchrl_fixes.registry import Fix, TargetChanged, stock_function
@@ -96,9 +96,22 @@ INLINE_HOOKS = {
     ),
 }
 
+# SliceSampler.sample draws its trajectories from the index's order instead of
+# listing them all (the upstream series carries this as a patch of its own).
+SAMPLE_HOOKS = {
+    ("samplers/slice.py", "SliceSampler.sample"): (
+        (
+            "sampled = _sample_from_index(self, storage, batch_size)",
+            "if sampled is not None:\n    return sampled",
+        ),
+        (),
+    ),
+}
+
 # The modules whose names the statements use: storages keep their boundaries,
-# samplers read them; before TorchRL 0.14, the mutation revision is backported.
-HOOK_MODULES = (storage_boundaries, slice_boundaries, mutation_revision)
+# samplers read them and draw from them; before TorchRL 0.14, the mutation
+# revision is backported.
+HOOK_MODULES = (storage_boundaries, slice_boundaries, slice_sampling, mutation_revision)
 
 
 def hook_module(statements) -> object:
@@ -129,6 +142,12 @@ SAMPLE_UNIT_HOOKS = {
 # Fingerprints of the stock SampleUnit._episode_boundaries: torchrl-nightly 2026.10.27.
 _KNOWN_EPISODE_BOUNDARIES = {"01892c957be6fac6"}
 
+# Fingerprints of the stock SliceSampler.sample and _sample_slices whose draw
+# slice_sampling reproduces: 0.11.1, 0.12.0 and 0.13.3, 0.14.1, torchrl-nightly
+# 2026.10.27 (_sample_slices: 0.11.1 and 0.12.0, 0.13.3 and 0.14.1, nightly).
+_KNOWN_SAMPLE = {"2a9b7ed4cbb7f5a6", "7ec63e42812c4eef", "4f5c124e99037786"}
+_KNOWN_SAMPLE_SLICES = {"59d22b6902c449ff", "d2fa288a4a89b17c", "663b6d9541cba49e"}
+
 # Fingerprints of the stock SliceSampler._get_stop_and_length whose boundary
 # recovery this fix reproduces: 0.11.1, 0.12.0, 0.13.3, 0.14.1.
 _KNOWN_GET_STOP_AND_LENGTH = {
@@ -150,7 +169,7 @@ class SliceBoundaryIndex(Fix):
     upstream_issue = "https://github.com/pytorch/rl/issues/2669"
     torchrl_versions = SpecifierSet(">=0.11")
     targets = (
-        "torchrl.data.replay_buffers.samplers.SliceSampler._get_stop_and_length / __init__",
+        "torchrl.data.replay_buffers.samplers.SliceSampler._get_stop_and_length / __init__ / sample",
         "torchrl.data.replay_buffers.storages.TensorStorage.set",
         "torchrl.data.replay_buffers.storages.Storage.__getstate__",
         "before TorchRL 0.14, the mutation revision: Storage._mutation_revision / "
@@ -176,6 +195,8 @@ class SliceBoundaryIndex(Fix):
         from torchrl.data import ReplayBuffer
 
         stock = stock_function(SliceSampler, "_get_stop_and_length", _KNOWN_GET_STOP_AND_LENGTH)
+        stock_function(SliceSampler, "sample", _KNOWN_SAMPLE)
+        stock_function(SliceSampler, "_sample_slices", _KNOWN_SAMPLE_SLICES)
         signature = inspect.signature(stock)
         if list(signature.parameters) != ["self", "storage", "fallback"]:
             raise TargetChanged("SliceSampler._get_stop_and_length has another signature")
@@ -209,6 +230,7 @@ class SliceBoundaryIndex(Fix):
             ]
         replacements += _sample_unit_replacements()
         _classes_fallback_reason.cache_clear()
+        slice_sampling._classes_sampling_reason.cache_clear()
         return replacements
 
 
@@ -219,11 +241,13 @@ def _backports_mutation_revision() -> bool:
 
 
 def _hooks() -> dict:
-    """INLINE_HOOKS, with the mutation revision's bumps around them before TorchRL 0.14."""
+    """INLINE_HOOKS and SAMPLE_HOOKS, with the mutation revision's bumps around them
+    before TorchRL 0.14."""
+    inline = {**INLINE_HOOKS, **SAMPLE_HOOKS}
     if not _backports_mutation_revision():
-        return dict(INLINE_HOOKS)
+        return inline
     hooks = dict(MUTATION_REVISION_HOOKS)
-    for key, (before, after) in INLINE_HOOKS.items():
+    for key, (before, after) in inline.items():
         bump_before, bump_after = hooks.get(key, ((), ()))
         # the revision moves with the write, before the write's rows are recorded
         hooks[key] = ((*before, *bump_before), (*bump_after, *after))

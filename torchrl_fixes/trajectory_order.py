@@ -1,0 +1,461 @@
+"""The trajectories of a storage in TorchRL's order, with order statistics over their lengths.
+
+Pure numpy and torch: nothing here imports TorchRL. ``trajectory_boundaries``
+keeps a storage's trajectory stops in a :class:`TrajectoryOrder`, and a slice
+sampler draws from it without listing every trajectory.
+
+A trajectory is named by its *stop*, the key ``lane * capacity + row`` of its
+last row. Stops are kept sorted, which is TorchRL's order (lane, then row), in
+chunks of about ``load`` keys (a sorted list of sorted chunks, as
+``sortedcontainers.SortedList`` keeps them), so that a write of ``k`` rows
+replaces ``O(k + load)`` keys and never copies the others. Each chunk caches
+the lengths of its trajectories and, per minimum length asked for, how many are
+at least that long: finding the ``i``-th trajectory of a given minimum length is
+a search over chunk counts and one lookup in a chunk, ``O(T / load + load)``
+for ``T`` trajectories, with no per-trajectory work.
+
+A trajectory starts on the row after the previous stop of its lane; the first
+of a lane starts after the lane's last stop, around the ring of ``length`` valid
+rows. Those first trajectories (one per lane) are computed at query time: their
+length depends on a stop far away.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+# Stops per chunk: a query scans one count per chunk, a write rewrites one chunk.
+LOAD = 1024
+# The per-chunk minimum of a chunk whose trajectories all start a lane.
+_NO_LENGTH = np.iinfo(np.int64).max
+
+
+class TrajectoryOrder:
+    """The stops of a storage's trajectories, sorted, with their lengths.
+
+    Args:
+        capacity (int): the number of rows of a lane (the key stride).
+        lanes (int, optional): the number of lanes (the storage's second batch
+            dimension, 1 for a storage with one). Defaults to 1.
+
+    Keyword Args:
+        load (int, optional): the number of stops per chunk. Defaults to :data:`LOAD`
+            (read when the order is built).
+
+    Examples:
+        >>> import numpy as np, torch
+        >>> order = TrajectoryOrder(capacity=10)
+        >>> order.assign(np.array([2, 4, 7]))
+        >>> order.length = 10  # a full storage of 10 rows: the first one wraps
+        >>> order.lengths()
+        tensor([5, 2, 3])
+        >>> # the trajectories at least 3 rows long, and the second of them
+        >>> order.count(min_length=3)
+        2
+        >>> start, stop, lengths = order.select(torch.tensor([1]), min_length=3)
+        >>> start.squeeze(-1), stop.squeeze(-1), lengths
+        (tensor([5]), tensor([7]), tensor([3]))
+        >>> # rows 5 and 6 are rewritten: their stops change, nothing else is copied
+        >>> order.replace(5, 6, np.array([5]))
+        >>> order.stops()
+        tensor([2, 4, 5, 7])
+    """
+
+    def __init__(self, capacity: int, lanes: int = 1, *, load: int | None = None):
+        load = LOAD if load is None else load
+        if capacity < 1 or lanes < 1 or load < 2:
+            raise ValueError(
+                f"capacity, lanes and load must be positive (load at least 2), got "
+                f"{capacity}, {lanes} and {load}."
+            )
+        self.capacity = capacity
+        self.lanes = lanes
+        self.load = load
+        self._length: int | None = None
+        self.assign(np.empty(0, dtype=np.int64))
+
+    # ------------------------------------------------------------------ keys
+
+    def assign(self, stops: np.ndarray) -> None:
+        """Replaces every stop by ``stops``, sorted unique int64 keys."""
+        stops = np.ascontiguousarray(stops, dtype=np.int64)
+        pieces = -(-stops.size // self.load)
+        chunks = np.array_split(stops, pieces) if pieces else []
+        self._chunks: list[np.ndarray] = chunks
+        self._firsts = np.array([c[0] for c in chunks], dtype=np.int64)
+        self._lasts = np.array([c[-1] for c in chunks], dtype=np.int64)
+        self._sizes = np.array([c.size for c in chunks], dtype=np.int64)
+        self._chunk_lengths: list[np.ndarray | None] = [None] * len(chunks)
+        self._chunk_positions: list[dict | None] = [None] * len(chunks)
+        self._stale = np.ones(len(chunks), dtype=bool)
+        self._mins = np.zeros(len(chunks), dtype=np.int64)
+        # minimum length -> per chunk, how many of its trajectories are that long
+        self._eligible: dict[int, np.ndarray] = {}
+        self._lane_starts = None
+        # minimum length -> what select() needs that only a write changes
+        self._selections: dict[int, tuple] = {}
+        self._shortest: int | None = None
+
+    def __len__(self) -> int:
+        return int(self._sizes.sum())
+
+    @property
+    def length(self) -> int | None:
+        """The number of valid rows of a lane, around which first trajectories wrap."""
+        return self._length
+
+    @length.setter
+    def length(self, length: int) -> None:
+        if length != self._length:
+            self._length = length
+            self._lane_starts = None
+            self._selections.clear()
+            self._shortest = None
+
+    def stops(self) -> torch.Tensor:
+        """Every stop key, sorted."""
+        if not self._chunks:
+            return torch.empty(0, dtype=torch.long)
+        return torch.from_numpy(np.concatenate(self._chunks))
+
+    def __contains__(self, key: int) -> bool:
+        c = int(self._lasts.searchsorted(key))
+        if c == len(self._chunks):
+            return False
+        chunk = self._chunks[c]
+        at = int(chunk.searchsorted(key))
+        return at < chunk.size and int(chunk[at]) == key
+
+    def replace(self, lo: int, hi: int, stops: np.ndarray) -> None:
+        """Removes the stops in ``[lo, hi]`` and inserts ``stops`` (sorted, all in ``[lo, hi]``).
+
+        Rewrites the chunks that hold ``[lo, hi]``: ``O(len(stops) + load)`` keys,
+        plus one entry per chunk in the chunk tables.
+        """
+        stops = np.asarray(stops, dtype=np.int64)
+        n = len(self._chunks)
+        first = int(self._lasts.searchsorted(lo))  # first chunk reaching lo
+        last = int(self._firsts.searchsorted(hi, side="right")) - 1  # last starting by hi
+        if first == last:
+            # within one chunk (most writes): that chunk alone is rewritten
+            chunk = self._chunks[first]
+            keys = np.concatenate(
+                [chunk[: chunk.searchsorted(lo)], stops, chunk[chunk.searchsorted(hi, side="right") :]]
+            )
+            if self.load // 2 <= keys.size <= self.load * 2 or (n == 1 and keys.size):
+                self._splice(first, first + 1, [keys])
+                return
+        if first > last:
+            # no stop in [lo, hi]: the new ones join a neighbouring chunk
+            if not stops.size:
+                return
+            if n == 0:
+                first, last = 0, -1
+            else:
+                first = last = min(first, n - 1)
+        keys = np.concatenate(self._chunks[first : last + 1]) if last >= first else stops[:0]
+        cut_lo = int(keys.searchsorted(lo))
+        cut_hi = int(keys.searchsorted(hi, side="right"))
+        keys = np.concatenate([keys[:cut_lo], stops, keys[cut_hi:]])
+        if keys.size < self.load // 2 and n > last - first + 1:
+            # too small to stand alone: merged with a neighbour
+            if last + 1 < n:
+                last += 1
+                keys = np.concatenate([keys, self._chunks[last]])
+            else:
+                first -= 1
+                keys = np.concatenate([self._chunks[first], keys])
+        pieces = -(-keys.size // self.load)
+        chunks = np.array_split(keys, pieces) if pieces else []
+        self._splice(first, last + 1, chunks)
+
+    def _splice(self, begin: int, end: int, chunks: list[np.ndarray]) -> None:
+        """Puts ``chunks`` in place of chunks ``begin:end`` and marks what they change stale."""
+        count = len(chunks)
+        self._chunks[begin:end] = chunks
+        self._chunk_lengths[begin:end] = [None] * count
+        self._chunk_positions[begin:end] = [None] * count
+        firsts = [c[0] for c in chunks]
+        lasts = [c[-1] for c in chunks]
+        sizes = [c.size for c in chunks]
+        if count == end - begin:
+            # as many chunks as before (most writes): the tables are updated in place
+            self._firsts[begin:end] = firsts
+            self._lasts[begin:end] = lasts
+            self._sizes[begin:end] = sizes
+            self._stale[begin:end] = True
+        else:
+
+            def spliced(table, values):
+                values = np.asarray(values, dtype=table.dtype)
+                return np.concatenate([table[:begin], values, table[end:]])
+
+            self._firsts = spliced(self._firsts, firsts)
+            self._lasts = spliced(self._lasts, lasts)
+            self._sizes = spliced(self._sizes, sizes)
+            self._stale = spliced(self._stale, [True] * count)
+            self._mins = spliced(self._mins, [0] * count)
+            for min_length, eligible in self._eligible.items():
+                self._eligible[min_length] = spliced(eligible, [0] * count)
+        # the chunk after: its first trajectory starts after another stop now
+        if begin + count < len(self._chunks):
+            self._stale[begin + count] = True
+        self._lane_starts = None
+        self._selections.clear()
+        self._shortest = None
+
+    # --------------------------------------------------------------- lengths
+
+    def _lengths_of(self, keys: np.ndarray, previous: int | None) -> np.ndarray:
+        """The lengths of the trajectories stopping at ``keys`` (sorted), ``previous``
+        the stop before them; a lane's first trajectory gets 0 (see :meth:`_lanes`)."""
+        lengths = np.empty_like(keys)
+        np.subtract(keys[1:], keys[:-1], out=lengths[1:])
+        lengths[0] = keys[0] - previous if previous is not None else 0
+        if self.lanes > 1:
+            lane = keys // self.capacity
+            starts_lane = np.empty(keys.size, dtype=bool)
+            np.not_equal(lane[1:], lane[:-1], out=starts_lane[1:])
+            starts_lane[0] = previous is None or previous // self.capacity != lane[0]
+            lengths[starts_lane] = 0
+        return lengths
+
+    def _refresh(self) -> None:
+        """Computes the lengths of the chunks whose keys or predecessor changed."""
+        stale = self._stale.nonzero()[0]
+        if stale.size > 64 and stale.size * 2 > self._stale.size:
+            self._refresh_all()
+            return
+        for c in stale.tolist():
+            lengths = self._lengths_of(self._chunks[c], int(self._lasts[c - 1]) if c else None)
+            self._chunk_lengths[c] = lengths
+            self._chunk_positions[c] = None
+            if lengths[0] and self.lanes == 1:
+                self._mins[c] = lengths.min()  # no first trajectory of a lane in it
+            else:
+                positive = lengths[lengths > 0]
+                self._mins[c] = positive.min() if positive.size else _NO_LENGTH
+            for min_length, eligible in self._eligible.items():
+                eligible[c] = np.count_nonzero(lengths >= min_length)
+            self._stale[c] = False
+
+    def _refresh_all(self) -> None:
+        """:meth:`_refresh` of every chunk at once, in whole-array passes (a new order)."""
+        offsets = np.cumsum(self._sizes)[:-1]
+        lengths = self._lengths_of(np.concatenate(self._chunks), None)
+        self._chunk_lengths = np.split(lengths, offsets)
+        self._chunk_positions = [None] * len(self._chunks)
+        starts = np.concatenate([[0], offsets])
+        positive = np.where(lengths > 0, lengths, _NO_LENGTH)
+        self._mins = np.minimum.reduceat(positive, starts)
+        for min_length in self._eligible:
+            self._eligible[min_length] = np.add.reduceat(lengths >= min_length, starts)
+        self._stale[:] = False
+
+    def _eligible_counts(self, min_length: int) -> np.ndarray:
+        """Per chunk, how many of its trajectories (not first of a lane) are ``min_length`` long."""
+        self._refresh()
+        eligible = self._eligible.get(min_length)
+        if eligible is None:
+            if len(self._eligible) >= 8:
+                self._eligible.pop(next(iter(self._eligible)))
+            if self._chunks:
+                long_enough = np.concatenate(self._chunk_lengths) >= min_length
+                eligible = np.add.reduceat(long_enough, np.cumsum(self._sizes) - self._sizes)
+            else:
+                eligible = np.zeros(0, dtype=np.int64)
+            self._eligible[min_length] = eligible
+        return eligible
+
+    def _rank_of(self, key: int) -> int:
+        """How many stops are lower than ``key``."""
+        c = int(self._lasts.searchsorted(key))
+        if c == len(self._chunks):
+            return int(self._sizes.sum())
+        return int(self._sizes[:c].sum()) + int(self._chunks[c].searchsorted(key))
+
+    def _at_rank(self, rank: int) -> tuple[int, int]:
+        """``(chunk, position)`` of the stop of rank ``rank``."""
+        ends = self._sizes.cumsum()
+        c = int(ends.searchsorted(rank, side="right"))
+        return c, rank - int(ends[c] - self._sizes[c])
+
+    def _lanes(self):
+        """``(rank, length)`` arrays of each non-empty lane's first trajectory, in lane order."""
+        if self._lane_starts is None:
+            if self._length is None:
+                raise RuntimeError("set the number of valid rows (length) before a query.")
+            ranks, lengths = [], []
+            if self.lanes == 1 and self._chunks:
+                first, last = int(self._chunks[0][0]), int(self._chunks[-1][-1])
+                length = first - (last + 1) % self._length + 1
+                ranks.append(0)
+                lengths.append(length if length > 0 else length + self._length)
+            for lane in range(self.lanes if self.lanes > 1 else 0):
+                rank = self._rank_of(lane * self.capacity)
+                end = self._rank_of((lane + 1) * self.capacity) if self.lanes > 1 else len(self)
+                if end == rank:
+                    continue
+                c, at = self._at_rank(rank)
+                first = int(self._chunks[c][at]) - lane * self.capacity
+                c, at = self._at_rank(end - 1)
+                last = int(self._chunks[c][at]) - lane * self.capacity
+                length = first - (last + 1) % self._length + 1
+                ranks.append(rank)
+                lengths.append(length if length > 0 else length + self._length)
+            self._lane_starts = (np.array(ranks, dtype=np.int64), np.array(lengths, dtype=np.int64))
+        return self._lane_starts
+
+    # --------------------------------------------------------------- queries
+
+    def count(self, min_length: int = 1) -> int:
+        """How many trajectories are at least ``min_length`` rows long."""
+        _, ends, lane_ranks, _, _ = self._selection(max(min_length, 1))
+        return int(ends[-1] if ends.size else 0) + lane_ranks.size
+
+    def shortest(self) -> int:
+        """The length of the shortest trajectory (there must be one)."""
+        if self._shortest is None:
+            self._refresh()
+            _, lane_lengths = self._lanes()
+            self._shortest = int(
+                min(self._mins.min(initial=_NO_LENGTH), lane_lengths.min(initial=_NO_LENGTH))
+            )
+        if self._shortest == _NO_LENGTH:
+            raise RuntimeError("no trajectory.")
+        return self._shortest
+
+    def shortest_rank(self) -> int:
+        """The rank, among all trajectories, of one of the shortest."""
+        self._refresh()
+        lane_ranks, lane_lengths = self._lanes()
+        if lane_lengths.size and (
+            not self._mins.size or lane_lengths.min() <= self._mins.min()
+        ):
+            return int(lane_ranks[lane_lengths.argmin()])
+        c = int(self._mins.argmin())
+        lengths = self._chunk_lengths[c]
+        at = int(np.flatnonzero(lengths == self._mins[c])[0])
+        return int(self._sizes[:c].sum()) + at
+
+    def select(
+        self, ranks: torch.Tensor, min_length: int = 1
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The ``ranks``-th trajectories among those at least ``min_length`` rows long.
+
+        Args:
+            ranks (Tensor): 1d integer ranks in ``[0, count(min_length))``, in
+                TorchRL's order (lane, then row).
+            min_length (int, optional): the minimum length. Defaults to 1 (every
+                trajectory).
+
+        Returns:
+            ``start`` and ``stop``, ``[n, 1]`` (one lane) or ``[n, 2]`` (row, lane)
+            int64 tensors of the first and last (inclusive) row of each, and
+            ``lengths``, ``[n]``.
+        """
+        ranks = ranks.numpy() if isinstance(ranks, torch.Tensor) else np.asarray(ranks)
+        ranks = ranks.astype(np.int64, copy=False)
+        eligible, ends, lane_ranks, lane_stops, lane_lengths = self._selection(max(min_length, 1))
+        # the number of lane firsts before each rank; a rank equal to one's is that one
+        at = lane_ranks.searchsorted(ranks)
+        wanted = ranks - at
+        # the others: the chunk by counts, then the position in the chunk
+        chunk_of = ends.searchsorted(wanted, side="right")
+        if lane_ranks.size:
+            # read from the chunks below, then replaced: any valid place will do
+            is_lane_first = lane_ranks[np.minimum(at, lane_ranks.size - 1)] == ranks
+            chunk_of[is_lane_first] = 0
+            wanted[is_lane_first] = ends[0] - eligible[0]
+        mixed = eligible[chunk_of] != self._sizes[chunk_of]
+        if lane_ranks.size:
+            mixed &= ~is_lane_first
+        within = wanted - (ends[chunk_of] - eligible[chunk_of])
+        # in a chunk with trajectories too short (or first of a lane), the
+        # position among the long enough ones
+        for i in mixed.nonzero()[0].tolist():
+            within[i] = self._positions(int(chunk_of[i]), min_length)[within[i]]
+        chunks, chunk_lengths = self._chunks, self._chunk_lengths
+        pairs = list(zip(chunk_of.tolist(), within.tolist()))
+        stops = np.fromiter((chunks[c][p] for c, p in pairs), np.int64, len(pairs))
+        lengths = np.fromiter((chunk_lengths[c][p] for c, p in pairs), np.int64, len(pairs))
+        if lane_ranks.size:
+            stops[is_lane_first] = lane_stops[at[is_lane_first]]
+            lengths[is_lane_first] = lane_lengths[at[is_lane_first]]
+        return self._rows(stops, lengths)
+
+    def _selection(self, min_length: int) -> tuple:
+        """``(eligible, cumulated eligible, lane ranks, lane stops, lane lengths)`` for
+        ``min_length``: per chunk, how many trajectories (not first of a lane) are long
+        enough, and each long enough first of a lane with its rank among them all."""
+        cached = self._selections.get(min_length)
+        if cached is not None:
+            return cached
+        eligible = self._eligible_counts(min_length)
+        lane_ranks, lane_lengths = self._lanes()
+        kept = lane_lengths >= min_length
+        lane_ranks, lane_lengths = lane_ranks[kept], lane_lengths[kept]
+        if self.lanes == 1:
+            lane_stops = np.array([self._chunks[0][0] for _ in lane_ranks], dtype=np.int64)
+        else:
+            lane_stops = np.array(
+                [self._chunks[c][at] for c, at in map(self._at_rank, lane_ranks.tolist())],
+                dtype=np.int64,
+            )
+        if min_length > 1:
+            lane_ranks = np.array(
+                [self._eligible_before(rank, min_length, eligible) for rank in lane_ranks.tolist()],
+                dtype=np.int64,
+            ) + np.arange(lane_ranks.size)
+        cached = (eligible, eligible.cumsum(), lane_ranks, lane_stops, lane_lengths)
+        self._selections[min_length] = cached
+        return cached
+
+    def _positions(self, c: int, min_length: int) -> np.ndarray:
+        """The positions in chunk ``c`` of its trajectories at least ``min_length`` long."""
+        cached = self._chunk_positions[c]
+        if cached is None:
+            cached = self._chunk_positions[c] = {}
+        positions = cached.get(min_length)
+        if positions is None:
+            positions = cached[min_length] = np.flatnonzero(self._chunk_lengths[c] >= min_length)
+        return positions
+
+    def _eligible_before(self, rank: int, min_length: int, eligible: np.ndarray) -> int:
+        """How many trajectories of rank below ``rank`` (not first of a lane) are long enough."""
+        c, at = self._at_rank(rank)
+        return int(eligible[:c].sum()) + int(
+            np.count_nonzero(self._chunk_lengths[c][:at] >= min_length)
+        )
+
+    def lengths(self) -> torch.Tensor:
+        """The length of every trajectory, in order."""
+        return self.materialize()[2]
+
+    def materialize(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(start, stop, lengths)`` of every trajectory, as :meth:`select` returns them."""
+        self._refresh()
+        lane_ranks, lane_lengths = self._lanes()
+        if not self._chunks:
+            return self._rows(np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64))
+        stops = np.concatenate(self._chunks)
+        lengths = np.concatenate(self._chunk_lengths)
+        lengths[lane_ranks] = lane_lengths
+        return self._rows(stops, lengths)
+
+    def _rows(self, stops: np.ndarray, lengths: np.ndarray):
+        if self.lanes == 1:
+            start = (stops - lengths + 1) % self._length
+            return (
+                torch.from_numpy(start.reshape(-1, 1)),
+                torch.from_numpy(stops.reshape(-1, 1)),
+                torch.from_numpy(lengths),
+            )
+        lane, stop = np.divmod(stops, self.capacity)
+        start = (stop - lengths + 1) % self._length
+        lane = torch.from_numpy(lane)
+        return (
+            torch.stack([torch.from_numpy(start), lane], -1),
+            torch.stack([torch.from_numpy(stop), lane], -1),
+            torch.from_numpy(lengths),
+        )

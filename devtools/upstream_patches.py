@@ -481,7 +481,7 @@ def patches() -> list[UpstreamPatch]:
             4,
             "slice_boundary_index",
             SLICE_SAMPLE_ORDER_HEADER,
-            (2,),
+            (2, 3),
             tuple(sample_edits),
             name="slice_sample_order",
         ),

@@ -214,15 +214,19 @@ def test_agreement_is_dropped_when_only_named_keys_read_the_storage(first_reader
 def test_each_hook_runs_in_the_module_that_defines_what_it_calls():
     from torchrl_fixes.fixes.slice_boundary_index import (
         INLINE_HOOKS,
+        SAMPLE_HOOKS,
         SAMPLE_UNIT_HOOKS,
         hook_module,
     )
 
     modules = {
         qualname: hook_module((*before, *after)).__name__.rpartition(".")[2]
-        for (_, qualname), (before, after) in {**INLINE_HOOKS, **SAMPLE_UNIT_HOOKS}.items()
+        for (_, qualname), (before, after) in {
+            **INLINE_HOOKS, **SAMPLE_HOOKS, **SAMPLE_UNIT_HOOKS
+        }.items()
         if before or after
     }
+    assert modules["SliceSampler.sample"] == "slice_sampling"
     assert modules["TensorStorage.set"] == "storage_boundaries"
     assert modules["Storage.__getstate__"] == "storage_boundaries"
     assert modules["SliceSampler._get_stop_and_length"] == "slice_boundaries"
@@ -238,4 +242,60 @@ def test_before_torchrl_014_the_revision_moves_before_the_write_is_recorded(monk
     assert after == ("self._bump_mutation_revision()", "_record_write(self, cursor, revision)")
     assert ("storages/tensor.py", "TensorStorage._empty") in fix._hooks()
     monkeypatch.setattr(fix, "_backports_mutation_revision", lambda: False)
-    assert fix._hooks() == fix.INLINE_HOOKS
+    assert fix._hooks() == {**fix.INLINE_HOOKS, **fix.SAMPLE_HOOKS}
+
+
+def _episodes_buffer(sampler, episodes=40, length=10):
+    from torchrl.data import LazyTensorStorage, ReplayBuffer
+
+    step = torch.arange(episodes * length)
+    rb = ReplayBuffer(storage=LazyTensorStorage(episodes * length * 2), sampler=sampler, batch_size=12)
+    rb.extend(TensorDict({"episode": step // length, "obs": step.float()}, [step.numel()]))
+    return rb
+
+
+@pytest.mark.parametrize("strict_length", [True, False])
+def test_a_slice_sample_lists_no_trajectory(strict_length, monkeypatch):
+    """After the first sample, writes and samples never list every trajectory."""
+    from torchrl.data import SliceSampler
+
+    from torchrl_fixes.trajectory_order import TrajectoryOrder
+
+    # one short trajectory, so that strict_length drops it and the draw counts by length
+    rb = _episodes_buffer(SliceSampler(slice_len=4, traj_key="episode", strict_length=strict_length))
+    rb.extend(TensorDict({"episode": torch.full((2,), 99), "obs": torch.zeros(2)}, [2]))
+    rb.sample()
+
+    def listing(self):
+        raise AssertionError("every trajectory listed")
+
+    monkeypatch.setattr(TrajectoryOrder, "materialize", listing)
+    for episode in range(100, 105):
+        rb.extend(TensorDict({"episode": torch.full((7,), episode), "obs": torch.zeros(7)}, [7]))
+        assert rb.sample().shape == (12,)
+
+
+def test_a_sampler_overriding_how_it_samples_slices_lists_them(monkeypatch):
+    """A subclass that overrides _sample_slices gets every trajectory, as from stock code."""
+    from torchrl.data import SliceSampler
+
+    seen = []
+
+    class Listing(SliceSampler):
+        def _sample_slices(self, lengths, *args, **kwargs):
+            seen.append(lengths.numel())
+            return super()._sample_slices(lengths, *args, **kwargs)
+
+    rb = _episodes_buffer(Listing(slice_len=4, traj_key="episode"))
+    rb.sample()
+    assert seen == [40]
+    stock = SliceSampler._sample_slices
+
+    def spy(self, lengths, *args, **kwargs):
+        seen.append(lengths.numel())
+        return stock(self, lengths, *args, **kwargs)
+
+    monkeypatch.setattr(SliceSampler, "_sample_slices", spy)
+    rb = _episodes_buffer(SliceSampler(slice_len=4, traj_key="episode"))
+    rb.sample()
+    assert seen[-1] == 3  # without an override: only the drawn trajectories

@@ -23,7 +23,7 @@ import torchrl_fixes
 from devtools import upstream_patches
 from devtools.torchrl_matrix import NIGHTLY_VERSION
 from torchrl_fixes.fixes import pinned_sample_output as pinned
-from torchrl_fixes.fixes.slice_boundary_index import INLINE_HOOKS, SliceBoundaryIndex
+from torchrl_fixes.fixes.slice_boundary_index import INLINE_HOOKS, SAMPLE_HOOKS, SliceBoundaryIndex
 from torchrl_fixes.source_fingerprint import fingerprint_source, source_fingerprint
 from torchrl_fixes.versions import installed_version
 
@@ -96,9 +96,11 @@ def test_warning_differs_only_in_category(patched_torchrl):
 
 
 def test_generated_patches_are_what_the_fixes_write():
-    """patches/0002 and 0003 are exactly what export-patches writes from the runtime fixes."""
+    """patches/0002 to 0004 are exactly what export-patches writes from the runtime fixes."""
     rendered = upstream_patches.render()
-    assert sorted(rendered) == ["0002-slice-boundary-index.patch", "0003-single-gather.patch"]
+    assert sorted(rendered) == [
+        "0002-slice-boundary-index.patch", "0003-single-gather.patch", "0004-slice-sample-order.patch"
+    ]
     for name, text in rendered.items():
         assert (PATCHES / name).read_text() == text, f"{name} is out of date: run export-patches"
 
@@ -116,8 +118,9 @@ def test_inline_hooks_are_what_the_runtime_wrappers_run():
     wrappers = {
         f"{rep.owner.__name__}.{rep.name}": rep.new for rep in SliceBoundaryIndex().plan()
     }
-    assert {qualname for _, qualname in INLINE_HOOKS} == set(wrappers)
-    for (_, qualname), (before, after) in INLINE_HOOKS.items():
+    hooks = {**INLINE_HOOKS, **SAMPLE_HOOKS}
+    assert {qualname for _, qualname in hooks} == set(wrappers)
+    for (_, qualname), (before, after) in hooks.items():
         # the code object: inspect would follow functools.wraps to the stock method
         body = ast.parse(textwrap.dedent(inspect.getsource(wrappers[qualname].__code__))).body[0].body
         call = next(
@@ -136,7 +139,7 @@ def test_patch_edits_only_add_the_hooks(patched_torchrl):
     import torchrl
 
     site = Path(torchrl.__file__).parent
-    for (path, qualname), (before, after) in INLINE_HOOKS.items():
+    for (path, qualname), (before, after) in {**INLINE_HOOKS, **SAMPLE_HOOKS}.items():
         cls, name = qualname.split(".")
         hooks = set(_parsed(before) + _parsed(after))
         patched_file = patched_torchrl / "torchrl/data/replay_buffers" / path
@@ -157,7 +160,15 @@ def _methods(path: Path, cls: str, name: str) -> list[ast.FunctionDef]:
     return [n for n in body if isinstance(n, ast.FunctionDef) and n.name == name]
 
 
-@pytest.mark.parametrize("name", ["0001-pinned-sample-output.patch", "0002-slice-boundary-index.patch", "0003-single-gather.patch"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "0001-pinned-sample-output.patch",
+        "0002-slice-boundary-index.patch",
+        "0003-single-gather.patch",
+        "0004-slice-sample-order.patch",
+    ],
+)
 def test_each_patch_needs_only_what_it_declares(name, tmp_path):
     """A patch applies to TorchRL 0.14.1 with only the patches its header names applied first."""
     import torchrl
@@ -250,9 +261,9 @@ def test_each_series_lists_its_patches_in_order():
     assert upstream_patches.installed_series() is by_name["0.14.1"]
     expected = {
         "0.14.1": ["0001-pinned-sample-output.patch", "0002-slice-boundary-index.patch",
-                   "0003-single-gather.patch"],
+                   "0003-single-gather.patch", "0004-slice-sample-order.patch"],
         "main": ["0001-pinned-sample-output.patch", "main/0002-slice-boundary-index.patch",
-                 "main/0003-single-gather.patch"],
+                 "main/0003-single-gather.patch", "main/0004-slice-sample-order.patch"],
     }
     for name, files in expected.items():
         listed = upstream_patches.series_patches(by_name[name])

@@ -80,7 +80,16 @@ class TrajectoryOrder:
         """Replaces every stop by ``stops``, sorted unique int64 keys."""
         stops = np.ascontiguousarray(stops, dtype=np.int64)
         pieces = -(-stops.size // self.load)
-        chunks = np.array_split(stops, pieces) if pieces else []
+        # Each chunk lives in a row of two arenas, its keys and its lengths, so that
+        # a sample reads the drawn trajectories with one fancy index.
+        self._key_arena = np.empty((pieces, self.load), dtype=np.int64)
+        self._length_arena = np.empty((pieces, self.load), dtype=np.int64)
+        self._free: list[int] = []
+        self._slots = np.arange(pieces, dtype=np.int64)
+        chunks = []
+        for slot, piece in enumerate(np.array_split(stops, pieces) if pieces else []):
+            self._key_arena[slot, : piece.size] = piece
+            chunks.append(self._key_arena[slot, : piece.size])
         self._chunks: list[np.ndarray] = chunks
         self._firsts = np.array([c[0] for c in chunks], dtype=np.int64)
         self._lasts = np.array([c[-1] for c in chunks], dtype=np.int64)
@@ -142,7 +151,7 @@ class TrajectoryOrder:
             keys = np.concatenate(
                 [chunk[: chunk.searchsorted(lo)], stops, chunk[chunk.searchsorted(hi, side="right") :]]
             )
-            if self.load // 2 <= keys.size <= self.load * 2 or (n == 1 and keys.size):
+            if self.load // 2 <= keys.size <= self.load or (n == 1 and 0 < keys.size <= self.load):
                 self._splice(first, first + 1, [keys])
                 return
         if first > last:
@@ -172,6 +181,9 @@ class TrajectoryOrder:
     def _splice(self, begin: int, end: int, chunks: list[np.ndarray]) -> None:
         """Puts ``chunks`` in place of chunks ``begin:end`` and marks what they change stale."""
         count = len(chunks)
+        self._free.extend(self._slots[begin:end].tolist())
+        slots = [self._store(chunk) for chunk in chunks]
+        chunks = [self._key_arena[slot, : chunk.size] for slot, chunk in zip(slots, chunks)]
         self._chunks[begin:end] = chunks
         self._chunk_lengths[begin:end] = [None] * count
         self._chunk_positions[begin:end] = [None] * count
@@ -180,6 +192,7 @@ class TrajectoryOrder:
         sizes = [c.size for c in chunks]
         if count == end - begin:
             # as many chunks as before (most writes): the tables are updated in place
+            self._slots[begin:end] = slots
             self._firsts[begin:end] = firsts
             self._lasts[begin:end] = lasts
             self._sizes[begin:end] = sizes
@@ -190,6 +203,7 @@ class TrajectoryOrder:
                 values = np.asarray(values, dtype=table.dtype)
                 return np.concatenate([table[:begin], values, table[end:]])
 
+            self._slots = spliced(self._slots, slots)
             self._firsts = spliced(self._firsts, firsts)
             self._lasts = spliced(self._lasts, lasts)
             self._sizes = spliced(self._sizes, sizes)
@@ -203,6 +217,31 @@ class TrajectoryOrder:
         self._lane_starts = None
         self._selections.clear()
         self._shortest = None
+
+    def _store(self, keys: np.ndarray) -> int:
+        """Writes ``keys`` (at most ``load``) into a free row of the key arena; its index."""
+        if not self._free:
+            rows = self._key_arena.shape[0]
+            grown = max(2 * rows, 8)
+            self._key_arena = np.concatenate(
+                [self._key_arena, np.empty((grown - rows, self.load), dtype=np.int64)]
+            )
+            self._length_arena = np.concatenate(
+                [self._length_arena, np.empty((grown - rows, self.load), dtype=np.int64)]
+            )
+            self._free.extend(range(grown - 1, rows - 1, -1))
+            # the chunks are views of the old arenas
+            self._chunks = [
+                self._key_arena[slot, : chunk.size]
+                for slot, chunk in zip(self._slots.tolist(), self._chunks)
+            ]
+            self._chunk_lengths = [
+                None if lengths is None else self._length_arena[slot, : lengths.size]
+                for slot, lengths in zip(self._slots.tolist(), self._chunk_lengths)
+            ]
+        slot = self._free.pop()
+        self._key_arena[slot, : keys.size] = keys
+        return slot
 
     # --------------------------------------------------------------- lengths
 
@@ -227,7 +266,8 @@ class TrajectoryOrder:
             self._refresh_all()
             return
         for c in stale.tolist():
-            lengths = self._lengths_of(self._chunks[c], int(self._lasts[c - 1]) if c else None)
+            lengths = self._length_arena[self._slots[c], : self._sizes[c]]
+            lengths[:] = self._lengths_of(self._chunks[c], int(self._lasts[c - 1]) if c else None)
             self._chunk_lengths[c] = lengths
             self._chunk_positions[c] = None
             if lengths[0] and self.lanes == 1:
@@ -243,7 +283,10 @@ class TrajectoryOrder:
         """:meth:`_refresh` of every chunk at once, in whole-array passes (a new order)."""
         offsets = np.cumsum(self._sizes)[:-1]
         lengths = self._lengths_of(np.concatenate(self._chunks), None)
-        self._chunk_lengths = np.split(lengths, offsets)
+        self._chunk_lengths = []
+        for slot, piece in zip(self._slots.tolist(), np.split(lengths, offsets)):
+            self._length_arena[slot, : piece.size] = piece
+            self._chunk_lengths.append(self._length_arena[slot, : piece.size])
         self._chunk_positions = [None] * len(self._chunks)
         starts = np.concatenate([[0], offsets])
         positive = np.where(lengths > 0, lengths, _NO_LENGTH)
@@ -373,12 +416,14 @@ class TrajectoryOrder:
         within = wanted - (ends[chunk_of] - eligible[chunk_of])
         # in a chunk with trajectories too short (or first of a lane), the
         # position among the long enough ones
-        for i in mixed.nonzero()[0].tolist():
-            within[i] = self._positions(int(chunk_of[i]), min_length)[within[i]]
-        chunks, chunk_lengths = self._chunks, self._chunk_lengths
-        pairs = list(zip(chunk_of.tolist(), within.tolist()))
-        stops = np.fromiter((chunks[c][p] for c, p in pairs), np.int64, len(pairs))
-        lengths = np.fromiter((chunk_lengths[c][p] for c, p in pairs), np.int64, len(pairs))
+        if min_length <= 1 and self.lanes == 1:
+            within[mixed] += 1  # only the very first trajectory is left out, at position 0
+        else:
+            for i in mixed.nonzero()[0].tolist():
+                within[i] = self._positions(int(chunk_of[i]), min_length)[within[i]]
+        slots = self._slots[chunk_of]
+        stops = self._key_arena[slots, within]
+        lengths = self._length_arena[slots, within]
         if lane_ranks.size:
             stops[is_lane_first] = lane_stops[at[is_lane_first]]
             lengths[is_lane_first] = lane_lengths[at[is_lane_first]]

@@ -7,8 +7,10 @@ within one benchmark and carries their medians as ``stock_median_s`` and
 ``patched_median_s``. ``extra_info`` may also say what was timed: ``operation``
 (``seed_table``, ``online sample-after-write``, ...), the trajectory ``key``
 (``episode``, ``done``, ``unnamed``), the transitions ``stored``, the buffer
-``capacity`` and the ``torchrl`` (and ``torch``) version. Benchmarks without a
-scenario and variant, or without statistics (``--benchmark-disable``), are left out.
+``capacity``, the ``episode_len`` and the ``torchrl`` (and ``torch``) version. A
+benchmark may also time a floor in the same rounds (``floor_median_s``: what the
+operation cannot beat, a RandomSampler sample of the same batch). Benchmarks without
+a scenario and variant, or without statistics (``--benchmark-disable``), are left out.
 
 - :func:`medians` and :func:`rows` pair the two builds by scenario;
 - :func:`markdown_table` gives the median of each and the speed-up, stock median /
@@ -48,6 +50,8 @@ PLOTTED_OPERATIONS = (
     ("online sample-after-write", "online, sample after a write"),
 )
 PLOTTED_KEY = "episode"
+# The rows drawn against the number of trajectories, with their floor.
+SWEEP_OPERATION = "sweep sample-after-write"
 PLOT_TITLE = "SliceSampler sample time: stock vs torchrl_fixes"
 
 Report = dict[str, Any]
@@ -70,8 +74,12 @@ def _timed(report: Report) -> Iterator[tuple[str, dict[str, Any], dict[str, floa
         if scenario is None:
             continue
         if variant == "pair" and "stock_median_s" in info:
-            # both variants timed in turn within one benchmark
-            yield scenario, info, {v: float(info[f"{v}_median_s"]) for v in VARIANTS}
+            # both variants timed in turn within one benchmark, and maybe their floor
+            yield scenario, info, {
+                v: float(info[f"{v}_median_s"])
+                for v in (*VARIANTS, "floor")
+                if f"{v}_median_s" in info
+            }
         elif variant in VARIANTS and "median" in stats:
             yield scenario, info, {variant: float(stats["median"])}
 
@@ -106,6 +114,8 @@ class Row:
     capacity: int | None
     stock: float | None
     patched: float | None
+    floor: float | None = None
+    episode_len: int | None = None
 
     @property
     def speedup(self) -> float | None:
@@ -113,6 +123,13 @@ class Row:
         if self.stock is None or not self.patched:
             return None
         return self.stock / self.patched
+
+    @property
+    def over_floor(self) -> float | None:
+        """Patched median / floor median (1: as fast as the floor), where a floor was timed."""
+        if self.patched is None or not self.floor:
+            return None
+        return self.patched / self.floor
 
 
 def rows(report: Report | str | PathLike) -> list[Row]:
@@ -134,13 +151,14 @@ def rows(report: Report | str | PathLike) -> list[Row]:
     described: dict[str, dict[str, Any]] = {}
     for scenario, info, _ in _timed(report):
         fields = described.setdefault(scenario, {})
-        for name in ("operation", "key", "stored", "capacity"):
+        for name in ("operation", "key", "stored", "capacity", "episode_len"):
             if fields.get(name) is None and info.get(name) is not None:
                 fields[name] = info[name]
     table = []
     for scenario, values in medians(report).items():
         fields = described[scenario]
         stored, capacity = fields.get("stored"), fields.get("capacity")
+        episode_len = fields.get("episode_len")
         table.append(
             Row(
                 scenario=scenario,
@@ -150,6 +168,8 @@ def rows(report: Report | str | PathLike) -> list[Row]:
                 capacity=None if capacity is None else int(capacity),
                 stock=values.get("stock"),
                 patched=values.get("patched"),
+                floor=values.get("floor"),
+                episode_len=None if episode_len is None else int(episode_len),
             )
         )
     return table
@@ -214,20 +234,24 @@ def format_seconds(seconds: float | None) -> str:
 
 
 def markdown_table(report: Report | str | PathLike) -> str:
-    """A markdown table: scenario, stock median, patched median, speed-up.
+    """A markdown table: scenario, stock median, patched median, speed-up, and the floor.
 
     ``report`` is the parsed JSON or a path to it. The speed-up is stock / patched
-    (above 1: the patched build is faster); a dash where one side is missing.
+    (above 1: the patched build is faster); the floor, where one was timed, is a
+    RandomSampler sample of the same batch, with patched / floor beside it; a dash
+    where a value is missing.
     """
     lines = [
-        "| scenario | stock median | patched median | speed-up (stock/patched) |",
-        "| --- | ---: | ---: | ---: |",
+        "| scenario | stock median | patched median | speed-up (stock/patched) "
+        "| RandomSampler floor | patched/floor |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for row in rows(report):
         speedup = "-" if row.speedup is None else f"{row.speedup:.2f}x"
+        over_floor = "-" if row.over_floor is None else f"{row.over_floor:.2f}x"
         lines.append(
             f"| {row.scenario} | {format_seconds(row.stock)} | {format_seconds(row.patched)}"
-            f" | {speedup} |"
+            f" | {speedup} | {format_seconds(row.floor)} | {over_floor} |"
         )
     return "\n".join(lines)
 
@@ -293,22 +317,32 @@ def plot(report: Report | str | PathLike, path: str | PathLike) -> None:
 
     report = load(report)
     table = rows(report)
+    sweep = _sweep_lines(table)
     lines = []
     for color, (operation, label) in enumerate(PLOTTED_OPERATIONS):
         for variant, style in (("stock", "-"), ("patched", "--")):
             points = _plotted_points(table, operation, variant)
             if points:
                 lines.append((points, f"{label}, {variant}", style, f"C{color}"))
-    if not lines:
+    if not lines and not sweep:
         operations = " or ".join(repr(operation) for operation, _ in PLOTTED_OPERATIONS)
         raise ValueError(
             f"nothing to plot: no benchmark with operation {operations}, key "
             f"{PLOTTED_KEY!r}, transitions stored and a median"
         )
 
-    figure = Figure(figsize=(8, 5.5), layout="constrained")
+    panels = bool(lines) + bool(sweep)
+    figure = Figure(figsize=(7 * panels + 1, 5.5), layout="constrained")
     FigureCanvasAgg(figure)
-    axes = figure.add_subplot()
+    figure.suptitle(PLOT_TITLE)
+    if lines:
+        _draw_by_stored(figure.add_subplot(1, panels, 1), lines, run_header(report))
+    if sweep:
+        _draw_sweep(figure.add_subplot(1, panels, panels), *sweep)
+    figure.savefig(path, format="png", dpi=150)
+
+
+def _draw_by_stored(axes, lines, title: str) -> None:
     for points, label, style, color in lines:
         stored = [x for x, _ in points]
         milliseconds = [seconds * 1e3 for _, seconds in points]
@@ -319,9 +353,47 @@ def plot(report: Report | str | PathLike, path: str | PathLike) -> None:
     axes.set_ylabel("median sample time (ms)")
     axes.grid(True, which="both", alpha=0.3)
     axes.legend()
-    figure.suptitle(PLOT_TITLE)
-    axes.set_title(run_header(report), fontsize="small")
-    figure.savefig(path, format="png", dpi=150)
+    axes.set_title(title, fontsize="small")
+
+
+def _draw_sweep(axes, stored: int, lines) -> None:
+    for points, label, style, color in lines:
+        trajectories = [x for x, _ in points]
+        milliseconds = [seconds * 1e3 for _, seconds in points]
+        axes.plot(trajectories, milliseconds, linestyle=style, marker="o", color=color, label=label)
+    axes.set_xscale("log")
+    axes.set_yscale("log")
+    axes.set_xlabel(f"trajectories stored ({stored / 1e6:g}M transitions, shorter episodes)")
+    axes.set_ylabel("median sample time after a write (ms)")
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend()
+    axes.set_title("sample after a write, against the RandomSampler floor", fontsize="small")
+
+
+def _sweep_lines(table: list[Row]):
+    """``(stored, lines)`` of the sweep's largest stored size, or None without sweep rows.
+
+    One line per build and one for the floor: (trajectories stored, median seconds).
+    """
+    found = [
+        row for row in table
+        if row.operation == SWEEP_OPERATION and row.stored and row.episode_len
+    ]
+    if not found:
+        return None
+    stored = max(row.stored for row in found)
+    found = sorted((row for row in found if row.stored == stored), key=lambda r: r.episode_len, reverse=True)
+    lines = []
+    for variant, style, color in (("stock", "-", "C0"), ("patched", "--", "C1"), ("floor", ":", "C2")):
+        points = [
+            (row.stored // row.episode_len, getattr(row, variant))
+            for row in found
+            if getattr(row, variant)
+        ]
+        label = "RandomSampler floor" if variant == "floor" else variant
+        if points:
+            lines.append((points, label, style, color))
+    return stored, lines
 
 
 def regressions(
@@ -377,6 +449,9 @@ def row_dict(row: Row) -> dict[str, Any]:
         "stock_s": fields["stock"],
         "patched_s": fields["patched"],
         "speedup": row.speedup,
+        "floor_s": fields["floor"],
+        "patched_over_floor": row.over_floor,
+        "episode_len": fields["episode_len"],
     }
 
 

@@ -30,6 +30,7 @@ ROW_BYTES = {
     ("seed", "unnamed"): 4 + 8 + 1,
     ("online", "episode"): 16 + 8 + 1 + 1,
     ("online", "done"): 16 + 8 + 1 + 1,
+    ("sweep", "done"): 16 + 8 + 1 + 1,
     ("tdmpc2", "episode"): 4 + 8,
 }
 TDMPC2_EPISODE_LEN = 500
@@ -51,10 +52,15 @@ class Case:
     @property
     def id(self) -> str:
         mode = "" if self.mode == "room" else f"-{self.mode}"
+        if self.mode == "sweep":
+            mode = f"-episode{self.episode_len}"
         return f"{self.key}-{size(self.stored)}-{size(self.capacity)}{mode}"
 
     def scenario(self, operation: str) -> str:
-        return f"{operation} {self.key} {size(self.stored)}/{size(self.capacity)}"
+        scenario = f"{operation} {self.key} {size(self.stored)}/{size(self.capacity)}"
+        if self.mode == "sweep":
+            scenario += f", {self.episode_len}-step episodes"
+        return scenario
 
     def memory_needed(self, buffers: int = 1) -> int:
         """``buffers`` storages of the whole capacity, a stock boundary pass over the
@@ -95,6 +101,24 @@ COLD = [
     *(Case("seed", k, 5_000_000, 6_000_000, rounds=5, scale="report") for k in COLD_KEYS),
     *(Case("seed", k, 346_000_000, 600_000_000, rounds=2, scale="full") for k in COLD_KEYS),
 ]
+# The same stored size in ever shorter episodes: 100x more trajectories from the
+# first to the last, for a sample right after a write (the online rows, 2,048 of
+# them as 64 slices of 32, so that the shortest episodes hold a slice), beside its
+# floor (a RandomSampler sample of the same batch from the same storage).
+SWEEP_EPISODE_LENS = (3_200, 320, 32)
+SWEEP = [
+    *(
+        Case("sweep", "done", 2_000_000, 3_000_000, rounds=30, episode_len=n, mode="sweep")
+        for n in SWEEP_EPISODE_LENS
+    ),
+    *(
+        Case(
+            "sweep", "done", 20_000_000, 30_000_000, rounds=15, scale="report",
+            episode_len=n, mode="sweep",
+        )
+        for n in SWEEP_EPISODE_LENS
+    ),
+]
 EXTEND = [
     *(Case("online", k, 1_000_000, 1_500_000, rounds=200) for k in KEYS),
     *(Case("online", k, 1_000_000, 1_000_000, rounds=200, mode="wrap") for k in KEYS),
@@ -110,6 +134,7 @@ OPERATIONS = {
     "tdmpc2": (TDMPC2, ("tdmpc2 loop",)),
     "cold": (COLD, ("cold first sample",)),
     "extend": (EXTEND, ("extend",)),
+    "sweep": (SWEEP, ("sweep sample-after-write",)),
 }
 
 
@@ -122,13 +147,13 @@ def cases_at(cases: list[Case], scale: str) -> list[Case]:
 def memory_for_scale(scale: str) -> int:
     """The most memory one benchmark of ``scale`` holds at once, in bytes.
 
-    The benchmarks of :data:`SEED_TABLE`, :data:`ONLINE`, :data:`TDMPC2` and
-    :data:`EXTEND` keep both variants' buffers side by side; a ``cold first sample``
+    The benchmarks of :data:`SEED_TABLE`, :data:`ONLINE`, :data:`TDMPC2`,
+    :data:`EXTEND` and :data:`SWEEP` keep both variants' buffers side by side; a ``cold first sample``
     builds one buffer at a time.
     """
     side_by_side = [
         case.memory_needed(len(VARIANTS))
-        for cases in (SEED_TABLE, ONLINE, TDMPC2, EXTEND)
+        for cases in (SEED_TABLE, ONLINE, TDMPC2, EXTEND, SWEEP)
         for case in cases_at(cases, scale)
     ]
     one_at_a_time = [case.memory_needed() for case in cases_at(COLD, scale)]

@@ -56,11 +56,12 @@ def test_markdown_table_from_a_json_file(tmp_path, capsys):
     path.write_text(json.dumps(SYNTHETIC), encoding="utf-8")
     expected = "\n".join(
         [
-            "| scenario | stock median | patched median | speed-up (stock/patched) |",
-            "| --- | ---: | ---: | ---: |",
-            "| seed_table done 1M/1.2M | 24 ms | 300 µs | 80.00x |",
-            "| extend room done 1M/1.5M | 100 µs | 110 µs | 0.91x |",
-            "| online step done 2M/3M | 1.5 s | - | - |",
+            "| scenario | stock median | patched median | speed-up (stock/patched) "
+            "| RandomSampler floor | patched/floor |",
+            "| --- | ---: | ---: | ---: | ---: | ---: |",
+            "| seed_table done 1M/1.2M | 24 ms | 300 µs | 80.00x | - | - |",
+            "| extend room done 1M/1.5M | 100 µs | 110 µs | 0.91x | - | - |",
+            "| online step done 2M/3M | 1.5 s | - | - | - | - |",
         ]
     )
     assert markdown_table(path) == expected
@@ -221,7 +222,7 @@ def test_write_markdown_puts_the_header_above_the_table(tmp_path):
     assert lines[0].startswith("2026-11-23 · AMD EPYC")
     assert lines[1] == ""
     assert lines[2].startswith("| scenario |")
-    assert "| seed_table episode 1000000/1200000 | 24 ms | 300 µs | 80.00x |" in lines
+    assert "| seed_table episode 1000000/1200000 | 24 ms | 300 µs | 80.00x | - | - |" in lines
 
 
 def test_plot_writes_a_png(tmp_path):
@@ -324,6 +325,9 @@ def test_cli_json_prints_the_rows(tmp_path, capsys):
         "stock_s": 0.024,
         "patched_s": 0.0003,
         "speedup": 0.024 / 0.0003,
+        "floor_s": None,
+        "patched_over_floor": None,
+        "episode_len": None,
     }
     assert printed[6]["speedup"] == 1.0
 
@@ -340,3 +344,44 @@ def test_cli_writes_markdown_and_plot(tmp_path, capsys):
 def test_cli_bad_usage_returns_2(capsys):
     assert main([]) == 2
     assert "usage:" in capsys.readouterr().err
+
+
+def _sweep_bench(episode_len, stock, patched, floor):
+    return {
+        "extra_info": {
+            "scenario": f"sweep sample-after-write done 2M/3M, {episode_len}-step episodes",
+            "variant": "pair", "operation": "sweep sample-after-write", "key": "done",
+            "stored": 2_000_000, "capacity": 3_000_000, "episode_len": episode_len,
+            "stock_median_s": stock, "patched_median_s": patched, "floor_median_s": floor,
+        }
+    }
+
+
+SWEEP = {"benchmarks": [
+    _sweep_bench(1000, 0.02, 0.0012, 0.001), _sweep_bench(10, 0.03, 0.0015, 0.001)
+]}
+
+
+def test_a_floor_timed_in_the_same_rounds_is_in_the_row_and_the_table():
+    first, last = rows(SWEEP)
+    assert (first.floor, first.episode_len) == (0.001, 1000)
+    assert last.over_floor == pytest.approx(1.5)
+    table = markdown_table(SWEEP).splitlines()
+    assert table[2] == (
+        "| sweep sample-after-write done 2M/3M, 1000-step episodes | 20 ms | 1.2 ms | 16.67x"
+        " | 1 ms | 1.20x |"
+    )
+
+
+def test_the_sweep_is_drawn_against_trajectories_with_its_floor(tmp_path):
+    from conformance import speed_report
+
+    stored, lines = speed_report._sweep_lines(rows(SWEEP))
+    assert stored == 2_000_000
+    drawn = {label: points for points, label, _, _ in lines}
+    assert drawn["RandomSampler floor"] == [(2_000, 0.001), (200_000, 0.001)]
+    assert drawn["patched"] == [(2_000, 0.0012), (200_000, 0.0015)]
+    assert speed_report._sweep_lines(rows(PAIRS)) is None
+    path = tmp_path / "with-sweep.png"
+    plot({"benchmarks": PAIRS["benchmarks"] + SWEEP["benchmarks"]}, path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

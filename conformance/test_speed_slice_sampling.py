@@ -21,6 +21,10 @@ Groups:
   store ids and done flags and the sampler names no key.
 - ``extend room`` / ``extend wrap``: one write of 1,000 rows, into free room or over
   the oldest rows of a full buffer.
+- ``sweep sample-after-write``: a sample of 2,048 online rows as 64 slices of 32
+  right after a write, at one stored size, in 3,200-, 320- and 32-step episodes
+  (100x more trajectories), with its floor: a ``RandomSampler`` sample of the same
+  batch from the same storage, timed in the same rounds (``floor_median_s``).
 
 Sizes come from ``--slice-scale`` (``ci``, ``report``, ``full``); the cases of each
 scale, and the memory it needs, are in ``conformance/speed_sizes.py``. Every test here is
@@ -37,12 +41,28 @@ import pytest
 import torch
 import torchrl
 from tensordict import TensorDict
-from torchrl.data import LazyTensorStorage, ReplayBuffer, SliceSampler, TensorDictReplayBuffer
+from torchrl.data import (
+    LazyTensorStorage,
+    RandomSampler,
+    ReplayBuffer,
+    SliceSampler,
+    TensorDictReplayBuffer,
+)
 
 import torchrl_fixes
 from conformance import reference, timing_in_turn
 from conformance.host_memory import available_memory
-from conformance.speed_sizes import COLD, EXTEND, ONLINE, SEED_TABLE, TDMPC2, Case, GiB, cases_at
+from conformance.speed_sizes import (
+    COLD,
+    EXTEND,
+    ONLINE,
+    SEED_TABLE,
+    SWEEP,
+    TDMPC2,
+    Case,
+    GiB,
+    cases_at,
+)
 
 pytestmark = [pytest.mark.speed, pytest.mark.usefixtures("slice_threads")]
 
@@ -64,6 +84,7 @@ def pytest_generate_tests(metafunc):
         ("tdmpc2_pair", TDMPC2),
         ("extend_pair", EXTEND),
         ("cold_case", COLD),
+        ("sweep_pair", SWEEP),
     ):
         if name in metafunc.fixturenames:
             metafunc.parametrize(name, _params(cases_at(cases, scale)), indirect=True)
@@ -81,7 +102,7 @@ def _rows(case: Case, start: int, n: int) -> TensorDict:
     step = torch.arange(start, start + n)
     episode = step // case.episode_len
     done = ((step + 1) % case.episode_len == 0).unsqueeze(-1)
-    if case.layout == "online":
+    if case.layout in ("online", "sweep"):
         fields = {
             "obs": torch.zeros(n, 4),
             "episode": episode,
@@ -115,6 +136,11 @@ def _make_buffer(case: Case):
         )
     if case.layout == "online":
         sampler = SliceSampler(num_slices=32, cache_values=True, **_key_kwargs(case))
+        return TensorDictReplayBuffer(
+            storage=LazyTensorStorage(case.capacity), sampler=sampler, batch_size=2048
+        )
+    if case.layout == "sweep":
+        sampler = SliceSampler(num_slices=64, cache_values=True, **_key_kwargs(case))
         return TensorDictReplayBuffer(
             storage=LazyTensorStorage(case.capacity), sampler=sampler, batch_size=2048
         )
@@ -207,6 +233,12 @@ def extend_pair(request):
     yield from _filled_pair(request)
 
 
+@pytest.fixture(scope="module")
+def sweep_pair(request):
+    """Buffers of the episode-length sweep, stock and patched, filled and sampled once."""
+    yield from _filled_pair(request)
+
+
 @pytest.fixture
 def cold_case(request):
     """A case whose benchmark builds a fresh buffer of each variant every round."""
@@ -221,6 +253,7 @@ def _describe(benchmark, case: Case, operation: str) -> None:
         stored=case.stored,
         capacity=case.capacity,
         key=case.key,
+        episode_len=case.episode_len,
         torch=torch.__version__,
         torchrl=torchrl.__version__,
         applied=list(_applied()),
@@ -241,11 +274,13 @@ def time_in_turn(
     *,
     setup: Callable[[str], None] | None = None,
     warmup_rounds: int = 1,
+    floor: Callable[[], None] | None = None,
 ) -> dict[str, float]:
     """:func:`conformance.timing_in_turn.time_in_turn` for ``case``, described for the report."""
     _describe(benchmark, case, operation)
     return timing_in_turn.time_in_turn(
-        benchmark, timed, rounds=case.rounds, setup=setup, warmup_rounds=warmup_rounds
+        benchmark, timed, rounds=case.rounds, setup=setup, warmup_rounds=warmup_rounds,
+        floor=floor,
     )
 
 
@@ -315,6 +350,28 @@ def test_online_sample_without_write(benchmark, online_pair):
     pair = online_pair
     time_in_turn(
         benchmark, pair["stock"].case, "online sample-without-write", lambda v: pair[v].rb.sample()
+    )
+
+
+def test_sweep_sample_after_write(benchmark, sweep_pair):
+    """A sample right after a write, at one stored size in shorter and shorter episodes.
+
+    1,000 rows are written (untimed) before each sample. The floor, timed in the same
+    rounds: a ``RandomSampler`` sample of the same 2,048 rows from the patched
+    buffer's storage, what TorchRL's sampling costs with no trajectory to find.
+    """
+    pair = sweep_pair
+    random = TensorDictReplayBuffer(
+        storage=pair["patched"].rb.storage, sampler=RandomSampler(), batch_size=2048
+    )
+    random.sample()
+    time_in_turn(
+        benchmark,
+        pair["stock"].case,
+        "sweep sample-after-write",
+        lambda v: pair[v].rb.sample(),
+        setup=_write(pair),
+        floor=random.sample,
     )
 
 

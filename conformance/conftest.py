@@ -29,7 +29,7 @@ def _has_cuda() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
-    skip_cuda = pytest.mark.skip(reason="needs a CUDA device for real pinned memory")
+    skip_cuda = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
         if "cuda" in item.keywords and not _has_cuda():
             item.add_marker(skip_cuda)
@@ -124,6 +124,14 @@ def pytest_addoption(parser):
         help=(
             "torch.set_num_threads for the slice-sampling benchmarks (default: leave torch's "
             "setting). On a shared machine, 1 gives steadier timings."
+        ),
+    )
+    group.addoption(
+        "--slice-device",
+        default="cpu",
+        help=(
+            "Device of the storages of the online, sweep and use_gpu slice-sampling "
+            "benchmarks (default: cpu), e.g. cuda: each timed sample then waits for the device."
         ),
     )
 

@@ -21,6 +21,8 @@ from tensordict import TensorDict
 PRIORITIZED_SAMPLER = "PrioritizedSliceSampler"
 SAMPLER_CLASSES = ("SliceSampler", "SliceSamplerWithoutReplacement", PRIORITIZED_SAMPLER)
 STORAGE_KINDS = ("tensor", "memmap", "ndim2")
+# Dreamer's CPU layout: a memory-mapped storage of [T, num_envs] rows.
+MEMMAP_NDIM2 = "memmap_ndim2"
 
 # How the sampler is told where trajectories end, as SliceSampler keyword arguments.
 KEY_KINDS = {
@@ -185,8 +187,9 @@ class SliceSetup:
     Attributes:
         sampler (str): the sampler class, by its name in ``torchrl.data``.
         storage (str): ``"tensor"`` (``LazyTensorStorage``), ``"memmap"``
-            (``LazyMemmapStorage``) or ``"ndim2"`` (``LazyTensorStorage(ndim=2)``
-            filled with ``[num_envs, T]`` batches).
+            (``LazyMemmapStorage``), ``"ndim2"`` (``LazyTensorStorage(ndim=2)``
+            filled with ``[num_envs, T]`` batches) or ``"memmap_ndim2"``
+            (``LazyMemmapStorage(ndim=2)``, likewise).
         keys (str): a key of :data:`KEY_KINDS`.
         strict_length (bool): the sampler's ``strict_length``.
         options (tuple of (str, value) pairs): further sampler keyword arguments,
@@ -199,6 +202,8 @@ class SliceSetup:
             the sampler then ORs with its own slice-start markers (TorchRL 0.14).
         generator_seed (int, optional): when set, the buffer gets its own
             ``torch.Generator`` seeded with it.
+        device (str): the device of a ``LazyTensorStorage`` (memory-mapped
+            storages live on the CPU).
     """
 
     sampler: str = "SliceSampler"
@@ -212,6 +217,7 @@ class SliceSetup:
     buffer: str = "TensorDictReplayBuffer"
     with_is_init: bool = True
     generator_seed: int | None = None
+    device: str = "cpu"
 
     @property
     def prioritized(self) -> bool:
@@ -219,7 +225,7 @@ class SliceSetup:
 
     @property
     def ndim(self) -> int:
-        return 2 if self.storage == "ndim2" else 1
+        return 2 if self.storage in ("ndim2", MEMMAP_NDIM2) else 1
 
     def sampler_kwargs(self) -> dict[str, Any]:
         """The keyword arguments the sampler is built with."""
@@ -270,9 +276,11 @@ class SliceSetup:
     def build_storage(self, scratch: Path | None):
         import torchrl.data
 
-        if self.storage == "memmap":
-            return torchrl.data.LazyMemmapStorage(self.capacity, scratch_dir=new_scratch_dir(scratch))
-        return torchrl.data.LazyTensorStorage(self.capacity, ndim=self.ndim)
+        if self.storage in ("memmap", MEMMAP_NDIM2):
+            return torchrl.data.LazyMemmapStorage(
+                self.capacity, scratch_dir=new_scratch_dir(scratch), ndim=self.ndim
+            )
+        return torchrl.data.LazyTensorStorage(self.capacity, ndim=self.ndim, device=self.device)
 
     def build_sampler(self):
         import torchrl.data
@@ -299,6 +307,7 @@ class SliceSetup:
         return "-".join(
             [self.sampler, self.storage, self.keys, "strict" if self.strict_length else "loose"]
             + [f"{name}={value}" for name, value in self.options]
+            + ([] if self.device == "cpu" else [self.device])
         )
 
 

@@ -132,6 +132,9 @@ def test_writes_are_recorded_in_the_index_not_read():
         ({"end_key": ("next", "done")}, None),
         ({"traj_key": "missing"}, "trajectory key 'missing' not in the storage"),
         ({"traj_key": "episode", "compile": True}, "compile=True"),
+        ({"traj_key": "episode", "use_gpu": "cpu"}, None),
+        ({"end_key": ("next", "done"), "use_gpu": torch.device("cpu")}, None),
+        ({"traj_key": "episode", "use_gpu": True}, None),
     ],
 )
 def test_fallback_reason(sampler_kwargs, reason):
@@ -139,6 +142,15 @@ def test_fallback_reason(sampler_kwargs, reason):
 
     sampler = SliceSampler(slice_len=2, **sampler_kwargs)
     assert fallback_reason(sampler, _storage()) == reason
+
+
+def test_a_use_gpu_device_that_cannot_be_used_is_left_to_stock():
+    from torchrl.data import SliceSampler
+
+    device = f"cuda:{torch.cuda.device_count()}"  # one past the last GPU, or no CUDA at all
+    sampler = SliceSampler(slice_len=2, traj_key="episode", use_gpu=device)
+    reason = fallback_reason(sampler, _storage())
+    assert reason is not None and reason.startswith(f"use_gpu device {device} cannot be used (")
 
 
 def test_non_boolean_end_flags_are_left_to_stock():

@@ -10,6 +10,14 @@ nothing returned is ever stale. Configurations the index does not handle return
 ``None`` and the sampler recovers the boundaries from the whole storage as
 before; :func:`fallback_reason` says which one applies.
 
+Devices: stock finds the boundaries where the storage's boundary column lives
+(moved to ``use_gpu``'s device and back when ``use_gpu`` is set) and leaves them
+on the column's device, where the sampler then draws its slices. The index reads
+the written rows of the column on its device and brings to the host only which
+of them end a trajectory; it returns the boundaries on the column's device, and
+:mod:`.slice_sampling` draws there, with stock's generator. ``use_gpu`` over a
+CPU storage thus costs no transfer at all.
+
 Done flags for ids: a sampler that names no trajectory key reads the ids TorchRL
 picks for it (``("collector", "traj_ids")`` or ``"episode"``). While the storage's
 ``("next", "done")`` flags mark the same ends, the index reads the flags, a column
@@ -74,8 +82,12 @@ def _resolve_cursor(cursor, length: int) -> int | None:
     return cursor % length
 
 
-def _signal(sampler, storage) -> tuple[str, Any, Callable, int]:
-    """What the stock code would read: ``(kind, key, signal(rows), lanes)``."""
+def _signal(sampler, storage) -> tuple[str, Any, Callable, int, torch.device]:
+    """What the stock code would read: ``(kind, key, signal(rows), lanes, device)``.
+
+    ``device`` is the columns' device, where the stock code finds the boundaries
+    and leaves them, whatever ``use_gpu`` says (it moves them back from there).
+    """
     data = storage._storage
     ndim = storage.ndim
     if ndim > 2:
@@ -102,7 +114,8 @@ def _signal(sampler, storage) -> tuple[str, Any, Callable, int]:
         columns = [c for _, c in found]
         kind = "end"
     shape, lanes = _row_shape(columns, ndim)
-    return kind, (kind, key, _stamp(columns)), _column_signal(columns, shape), lanes
+    signal = _column_signal(columns, shape)
+    return kind, (kind, key, _stamp(columns)), signal, lanes, columns[0].device
 
 
 def _may_read_end_flags(sampler) -> bool:
@@ -151,12 +164,34 @@ def _fallback_reason(sampler, storage) -> str | None:
     if getattr(sampler, "compile", False):
         return "compile=True"
     if getattr(sampler, "use_gpu", False):
-        return "use_gpu"
+        reason = _unusable_device_reason(getattr(sampler, "_gpu_device", None))
+        if reason is not None:
+            return reason
     cache = getattr(sampler, "_cache", {})
     if "static-stop-and-length" in cache or "stop-and-length" in cache:
         return "static ends or trajectories"
     reason = _classes_fallback_reason(type(sampler), type(storage))
     return reason if reason is not None else _unseen_writes_reason(storage)
+
+
+@functools.cache
+def _unusable_device_reason(device) -> str | None:
+    """Why stock code would fail to move the boundary signal to ``use_gpu``'s ``device``.
+
+    ``use_gpu`` only says where stock finds the boundaries: they come back on the
+    storage's device, where the index returns them. Where the device cannot be
+    used, stock code runs and raises its own error.
+    """
+    if device is None:
+        return None
+    try:
+        device = torch.device(device)
+        if device.type == "meta":
+            raise RuntimeError("no data on the meta device")
+        torch.empty(0, device=device)
+    except Exception as err:  # torch raises AssertionError or RuntimeError, by backend
+        return f"use_gpu device {device} cannot be used ({type(err).__name__})"
+    return None
 
 
 @functools.cache
@@ -203,7 +238,8 @@ def _boundary_index_boundaries(sampler, storage):
 
 
 def _query_index(sampler, storage, query: Callable):
-    """``query(index, signal, **geometry)`` on the storage's index for ``sampler``, under its lock.
+    """``query(index, signal, device=device, **geometry)`` on the storage's index for
+    ``sampler``, under its lock; ``device`` is where stock leaves the boundaries.
 
     Returns ``None`` where stock code must run.
     """
@@ -215,7 +251,7 @@ def _query_index(sampler, storage, query: Callable):
         if getattr(sampler, "_traj_key_auto", False):
             sampler._resolve_traj_key(storage)
         try:
-            kind, key, signal, lanes = _signal(sampler, storage)
+            kind, key, signal, lanes, device = _signal(sampler, storage)
             cursor_name = (
                 "_last_cursor_index"
                 if hasattr(type(storage), "_last_cursor_index")
@@ -262,6 +298,7 @@ def _query_index(sampler, storage, query: Callable):
             at_capacity=at_capacity,
             cursor=cursor,
             lanes=lanes,
+            device=device,
         )
 
 
@@ -343,7 +380,7 @@ def _seed_episode_boundaries(storage, done_key, device) -> None:
     from torchrl.data.replay_buffers import utils
     from torchrl.data.replay_buffers.storages import TensorStorage
 
-    if done_key is None or device is None or torch.device(device).type != "cpu":
+    if done_key is None or device is None:
         return
     if not isinstance(storage, TensorStorage):
         return
@@ -351,6 +388,8 @@ def _seed_episode_boundaries(storage, done_key, device) -> None:
     boundaries = _boundary_index_boundaries(sampler, storage)
     if boundaries is None:
         return
+    # where _ReplayBoundaryIndex moves them
+    boundaries = tuple(value.to(device) for value in boundaries)
     shape = tuple(storage.shape)
     key = (
         utils._freeze_boundary_cache_key(("end", done_key)),

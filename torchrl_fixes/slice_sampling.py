@@ -51,7 +51,7 @@ def _sample_from_index(sampler, storage, batch_size: int):
         seq_length,
         num_slices,
         storage_length=storage.shape[0],
-        traj_idx=torch.arange(num_slices),
+        traj_idx=torch.arange(num_slices, device=lengths.device),
         storage=storage,
     )
     warn_if_short = getattr(sampler, "_warn_if_short_batch", None)
@@ -60,8 +60,15 @@ def _sample_from_index(sampler, storage, batch_size: int):
     return result
 
 
-def _draw_trajectories(sampler, batch_size: int, index: TrajectoryBoundaries, signal, **geometry):
-    """``(lengths, start, stop, seq_length, num_slices)`` of the trajectories ``sampler`` draws."""
+def _draw_trajectories(
+    sampler, batch_size: int, index: TrajectoryBoundaries, signal, *, device, **geometry
+):
+    """``(lengths, start, stop, seq_length, num_slices)`` of the trajectories ``sampler`` draws.
+
+    The draw runs on ``device``, where stock's lengths are and so its draw, with
+    the same generator; only the drawn ranks come to the host, and only the drawn
+    trajectories go back.
+    """
     order = index.trajectories(signal, **geometry)
     seq_length, num_slices = sampler._adjusted_batch_size(batch_size)
     too_short = order.shortest() < seq_length
@@ -69,16 +76,16 @@ def _draw_trajectories(sampler, batch_size: int, index: TrajectoryBoundaries, si
     count = order.count(min_length)
     if not count:
         return None  # stock raises its own error
-    traj_idx = torch.randint(
-        count, (num_slices,), device=torch.device("cpu"), generator=sampler._rng
-    )
-    start_idx, stop_idx, lengths = order.select(traj_idx, min_length)
+    traj_idx = torch.randint(count, (num_slices,), device=device, generator=sampler._rng)
+    start_idx, stop_idx, lengths = order.select(traj_idx.cpu(), min_length)
     if too_short:
         # one of the shortest, never drawn: _sample_slices sees that some are too short
         shortest = order.select(torch.tensor([order.shortest_rank()]))
         start_idx, stop_idx, lengths = (
             torch.cat([drawn, extra]) for drawn, extra in zip((start_idx, stop_idx, lengths), shortest)
         )
+    if device.type != "cpu":
+        start_idx, stop_idx, lengths = (t.to(device) for t in (start_idx, stop_idx, lengths))
     return lengths, start_idx, stop_idx, seq_length, num_slices
 
 

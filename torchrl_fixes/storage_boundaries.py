@@ -264,8 +264,8 @@ def _end_column(data, key, ndim: int) -> torch.Tensor | None:
 
 
 def _row_shape(columns, ndim: int) -> tuple[tuple, int]:
-    if any(c.device.type != "cpu" for c in columns):
-        raise _Unsupported("boundary signal not on CPU")
+    if any(c.device != columns[0].device for c in columns[1:]):
+        raise _Unsupported("boundary columns on different devices")
     lanes = columns[0].shape[1] if ndim == 2 else 1
     return ((-1,) if ndim == 1 else (-1, lanes)), lanes
 

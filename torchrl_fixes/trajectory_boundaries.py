@@ -100,7 +100,7 @@ class TrajectoryBoundaries:
             self._pending: list[torch.Tensor] = []
             self._pending_rows = 0
             self._result = None
-            self._result_key = None
+            self._placed = None
 
     @property
     def built(self) -> bool:
@@ -141,6 +141,7 @@ class TrajectoryBoundaries:
         at_capacity: bool,
         cursor: int | None,
         lanes: int = 1,
+        device: torch.device | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The ``(start, stop, lengths)`` of every trajectory in the first ``length`` rows.
 
@@ -148,7 +149,8 @@ class TrajectoryBoundaries:
             signal (callable): ``signal(rows)`` returns the boundary signal of
                 ``rows``, a slice along the first dimension,
                 shaped ``[len(rows)]`` for a storage with one lane and
-                ``[len(rows), lanes]`` otherwise.
+                ``[len(rows), lanes]`` otherwise, on any device: only what the
+                written rows mark comes to the host.
 
         Keyword Args:
             capacity (int): the number of rows the storage can hold.
@@ -157,6 +159,9 @@ class TrajectoryBoundaries:
             cursor (int or None): for a full storage, the last written row in
                 ``[0, length)``: it ends a trajectory, as what followed it was overwritten.
             lanes (int, optional): the number of lanes per row. Defaults to 1.
+            device (torch.device, optional): the device to return the tensors on;
+                they are copied there once per change of the boundaries. Defaults
+                to the CPU.
 
         Returns:
             ``start`` and ``stop``, ``[N, 1]`` (one lane) or ``[N, 2]`` (row, lane)
@@ -169,8 +174,13 @@ class TrajectoryBoundaries:
                 cursor=cursor, lanes=lanes,
             )
             if self._result is None:
-                self._result = self._order.materialize()
-            return self._result
+                self._result, self._placed = self._order.materialize(), None
+            device = torch.device("cpu" if device is None else device)
+            if device.type == "cpu":
+                return self._result
+            if self._placed is None or self._placed[0] != device:
+                self._placed = (device, tuple(value.to(device) for value in self._result))
+            return self._placed[1]
 
     def trajectories(
         self,
@@ -248,7 +258,8 @@ class TrajectoryBoundaries:
         self._capacity, self._lanes, self._length = capacity, lanes, length
         ends = self._natural_all(signal, length)
         self._order = TrajectoryOrder(capacity, lanes)
-        self._order.assign(self._keys(ends, None).numpy())
+        # only the ends come to the host, not the signal
+        self._order.assign(self._keys(ends, None).cpu().numpy())
         self._forced, self._forced_key = (), None
         self._pending, self._pending_rows = [], 0
 
@@ -277,7 +288,7 @@ class TrajectoryBoundaries:
         self._unforce_stops()
         order = self._order
         for first, last in runs:
-            found = self._natural_run(signal, first, last, length)
+            found = self._natural_run(signal, first, last, length).cpu()
             if lanes == 1:
                 order.replace(first, last, np.flatnonzero(found.reshape(-1).numpy()) + first)
                 continue

@@ -39,6 +39,11 @@ the ids are read and this is logged once. A key the user named, ``traj_key`` or
 the agreement stops being followed there, as nothing would use it.
 :func:`boundary_source` tells which column a storage's last sample read.
 
+Devices: a storage on an accelerator, and a sampler with ``use_gpu``, get the
+same index. Only the boundary signal of the written rows is read (on the
+storage's device), and only which rows end a trajectory comes to the host; the
+boundaries, and the draws, are on the storage's device, where stock has them.
+
 Coherence: ``TensorStorage.set`` records its rows (``extend``, ``add``,
 ``rb[idx] = ...``, ``storage.set``, ``storage[idx] = ...``, a second buffer on the
 same storage); any other mutation the storage counts (``empty``,
@@ -180,10 +185,11 @@ class SliceBoundaryIndex(Fix):
     # The one list of what runs stock code: status(), the README and the upstream
     # patch's header show this text.
     fallbacks = (
-        "storages other than TensorStorage over a TensorDict on CPU, ndim > 2, "
-        "fragmented=True, compile=True, use_gpu, static ends/trajectories, "
-        "subclasses that override the boundary recovery or a write path, "
-        "boundary columns the stock code would reject or squeeze, fewer than 2 rows, "
+        "storages other than TensorStorage over a TensorDict, ndim > 2, "
+        "fragmented=True, compile=True, a use_gpu device this machine cannot use (stock raises), "
+        "static ends/trajectories, subclasses that override the boundary recovery or a write path, "
+        "boundary columns the stock code would reject or squeeze or that lie on different devices, "
+        "fewer than 2 rows, "
         "memmap storages pickled or copied outside torch.multiprocessing; before TorchRL 0.14 "
         "(no mutation revision to see every write by): compilable=True storages, storages "
         "shared between processes but built before the fix was applied"

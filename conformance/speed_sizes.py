@@ -119,6 +119,13 @@ SWEEP = [
         for n in SWEEP_EPISODE_LENS
     ),
 ]
+# The online sample after a write by a SliceSampler(use_gpu=True), beside its floor:
+# that device (the CPU where there is no accelerator) is where stock finds the
+# boundaries; they, and the samples, are on the storage's device either way.
+USE_GPU = [
+    Case("online", "done", 2_000_000, 3_000_000, rounds=30, mode="use_gpu"),
+    Case("online", "done", 10_000_000, 15_000_000, rounds=15, scale="report", mode="use_gpu"),
+]
 EXTEND = [
     *(Case("online", k, 1_000_000, 1_500_000, rounds=200) for k in KEYS),
     *(Case("online", k, 1_000_000, 1_000_000, rounds=200, mode="wrap") for k in KEYS),
@@ -135,6 +142,7 @@ OPERATIONS = {
     "cold": (COLD, ("cold first sample",)),
     "extend": (EXTEND, ("extend",)),
     "sweep": (SWEEP, ("sweep sample-after-write",)),
+    "use_gpu": (USE_GPU, ("use_gpu sample-after-write",)),
 }
 
 
@@ -148,12 +156,12 @@ def memory_for_scale(scale: str) -> int:
     """The most memory one benchmark of ``scale`` holds at once, in bytes.
 
     The benchmarks of :data:`SEED_TABLE`, :data:`ONLINE`, :data:`TDMPC2`,
-    :data:`EXTEND` and :data:`SWEEP` keep both variants' buffers side by side; a ``cold first sample``
-    builds one buffer at a time.
+    :data:`EXTEND`, :data:`SWEEP` and :data:`USE_GPU` keep both variants' buffers side by side;
+    a ``cold first sample`` builds one buffer at a time.
     """
     side_by_side = [
         case.memory_needed(len(VARIANTS))
-        for cases in (SEED_TABLE, ONLINE, TDMPC2, EXTEND, SWEEP)
+        for cases in (SEED_TABLE, ONLINE, TDMPC2, EXTEND, SWEEP, USE_GPU)
         for case in cases_at(cases, scale)
     ]
     one_at_a_time = [case.memory_needed() for case in cases_at(COLD, scale)]

@@ -25,6 +25,9 @@ Groups:
   right after a write, at one stored size, in 3,200-, 320- and 32-step episodes
   (100x more trajectories), with its floor: a ``RandomSampler`` sample of the same
   batch from the same storage, timed in the same rounds (``floor_median_s``).
+- ``use_gpu sample-after-write``: the online sample after a write by a
+  ``SliceSampler(use_gpu=True)`` (the CPU where there is no accelerator, a GPU
+  over this CPU storage where there is one), with the same floor.
 
 Sizes come from ``--slice-scale`` (``ci``, ``report``, ``full``); the cases of each
 scale, and the memory it needs, are in ``conformance/speed_sizes.py``. Every test here is
@@ -59,6 +62,7 @@ from conformance.speed_sizes import (
     SEED_TABLE,
     SWEEP,
     TDMPC2,
+    USE_GPU,
     Case,
     GiB,
     cases_at,
@@ -85,6 +89,7 @@ def pytest_generate_tests(metafunc):
         ("extend_pair", EXTEND),
         ("cold_case", COLD),
         ("sweep_pair", SWEEP),
+        ("use_gpu_pair", USE_GPU),
     ):
         if name in metafunc.fixturenames:
             metafunc.parametrize(name, _params(cases_at(cases, scale)), indirect=True)
@@ -126,7 +131,7 @@ def _key_kwargs(case: Case) -> dict:
     return {"end_key": ("next", "done")}
 
 
-def _make_buffer(case: Case):
+def _make_buffer(case: Case, device: torch.device):
     if case.layout == "seed":
         sampler = SliceSampler(
             num_slices=256, truncated_key=None, cache_values=False, **_key_kwargs(case)
@@ -135,14 +140,23 @@ def _make_buffer(case: Case):
             storage=LazyTensorStorage(case.capacity), sampler=sampler, batch_size=1024
         )
     if case.layout == "online":
-        sampler = SliceSampler(num_slices=32, cache_values=True, **_key_kwargs(case))
+        if case.mode == "use_gpu":
+            sampler = SliceSampler(
+                num_slices=32, cache_values=True, use_gpu=True, **_key_kwargs(case)
+            )
+        else:
+            sampler = SliceSampler(num_slices=32, cache_values=True, **_key_kwargs(case))
         return TensorDictReplayBuffer(
-            storage=LazyTensorStorage(case.capacity), sampler=sampler, batch_size=2048
+            storage=LazyTensorStorage(case.capacity, device=device),
+            sampler=sampler,
+            batch_size=2048,
         )
     if case.layout == "sweep":
         sampler = SliceSampler(num_slices=64, cache_values=True, **_key_kwargs(case))
         return TensorDictReplayBuffer(
-            storage=LazyTensorStorage(case.capacity), sampler=sampler, batch_size=2048
+            storage=LazyTensorStorage(case.capacity, device=device),
+            sampler=sampler,
+            batch_size=2048,
         )
     if case.layout == "tdmpc2":
         sampler = SliceSampler(
@@ -170,16 +184,20 @@ def _require_memory(case: Case, buffers: int = 1) -> None:
 
 
 class Filled:
-    """A buffer of one variant filled with ``case.stored`` rows, and where the stream is."""
+    """A buffer of one variant filled with ``case.stored`` rows, and where the stream is.
 
-    def __init__(self, case: Case, variant: str):
+    ``device`` is the storage's device in the online and sweep layouts.
+    """
+
+    def __init__(self, case: Case, variant: str, device: torch.device):
         self.case = case
         self.variant = variant
+        self.device = device
         if variant == "stock":
             with reference.stock():
-                self.rb = _make_buffer(case)
+                self.rb = _make_buffer(case, device)
         else:
-            self.rb = _make_buffer(case)
+            self.rb = _make_buffer(case, device)
         self.pos = 0
         while self.pos < case.stored:
             self.rb.extend(self.next_rows(min(FILL_CHUNK, case.stored - self.pos)))
@@ -193,15 +211,33 @@ class Filled:
         self.pos += n
         return rows
 
+    def sample(self):
+        """``rb.sample()``, finished on the device: the time a sample takes."""
+        return _on_device(self.rb.sample, self.device)()
+
+
+def _on_device(operation: Callable, device: torch.device) -> Callable:
+    """``operation`` that waits for ``device`` to finish what it queued."""
+    if device.type != "cuda":
+        return operation
+
+    def synchronized(*args, **kwargs):
+        out = operation(*args, **kwargs)
+        torch.cuda.synchronize(device)
+        return out
+
+    return synchronized
+
 
 def _filled_pair(request):
     """Both variants' buffers of ``request.param``, filled and sampled once."""
     case = request.param
     _require_memory(case, buffers=len(VARIANTS))
+    device = torch.device(request.config.getoption("--slice-device"))
     pair = {}
     try:
         for variant in VARIANTS:
-            pair[variant] = Filled(case, variant)
+            pair[variant] = Filled(case, variant, device)
             pair[variant].rb.sample()
         yield pair
     finally:
@@ -236,6 +272,12 @@ def extend_pair(request):
 @pytest.fixture(scope="module")
 def sweep_pair(request):
     """Buffers of the episode-length sweep, stock and patched, filled and sampled once."""
+    yield from _filled_pair(request)
+
+
+@pytest.fixture(scope="module")
+def use_gpu_pair(request):
+    """Online buffers whose sampler has ``use_gpu=True``, stock and patched, filled and sampled once."""
     yield from _filled_pair(request)
 
 
@@ -336,7 +378,7 @@ def test_online_sample_after_write(benchmark, online_pair):
         benchmark,
         pair["stock"].case,
         "online sample-after-write",
-        lambda v: pair[v].rb.sample(),
+        lambda v: pair[v].sample(),
         setup=_write(pair),
     )
 
@@ -360,7 +402,16 @@ def test_sweep_sample_after_write(benchmark, sweep_pair):
     rounds: a ``RandomSampler`` sample of the same 2,048 rows from the patched
     buffer's storage, what TorchRL's sampling costs with no trajectory to find.
     """
-    pair = sweep_pair
+    _time_sample_after_write_with_floor(benchmark, sweep_pair, "sweep sample-after-write")
+
+
+def test_use_gpu_sample_after_write(benchmark, use_gpu_pair):
+    """The online sample right after a write, by a ``SliceSampler(use_gpu=True)``, and its floor."""
+    _time_sample_after_write_with_floor(benchmark, use_gpu_pair, "use_gpu sample-after-write")
+
+
+def _time_sample_after_write_with_floor(benchmark, pair, operation: str) -> None:
+    """Times a sample after an untimed 1,000-row write, and the floor in the same rounds."""
     random = TensorDictReplayBuffer(
         storage=pair["patched"].rb.storage, sampler=RandomSampler(), batch_size=2048
     )
@@ -368,10 +419,10 @@ def test_sweep_sample_after_write(benchmark, sweep_pair):
     time_in_turn(
         benchmark,
         pair["stock"].case,
-        "sweep sample-after-write",
-        lambda v: pair[v].rb.sample(),
+        operation,
+        lambda v: pair[v].sample(),
         setup=_write(pair),
-        floor=random.sample,
+        floor=_on_device(random.sample, pair["patched"].device),
     )
 
 
@@ -438,7 +489,7 @@ def test_cold_first_sample(benchmark, cold_case):
     def build(variant):
         current.clear()
         gc.collect()
-        current[variant] = Filled(case, variant)
+        current[variant] = Filled(case, variant, torch.device("cpu"))
 
     try:
         time_in_turn(

@@ -249,6 +249,25 @@ def test_repeated_query_returns_the_cached_tensors():
     assert query(index, signal, 16, True, 6) is not first
 
 
+def test_boundaries_are_copied_to_the_device_asked_once_per_change():
+    # the meta device stands in for an accelerator: tensors land there without values
+    done = torch.zeros(10, dtype=torch.bool)
+    done[[2, 7]] = True
+    index = TrajectoryBoundaries("end")
+    geometry = dict(capacity=10, length=10, at_capacity=False, cursor=None)
+    on_cpu = index.boundaries(done.__getitem__, **geometry)
+    placed = index.boundaries(done.__getitem__, device="meta", **geometry)
+    assert [t.device.type for t in placed] == ["meta"] * 3
+    assert [(t.shape, t.dtype) for t in placed] == [(t.shape, t.dtype) for t in on_cpu]
+    assert index.boundaries(done.__getitem__, device=torch.device("meta"), **geometry) is placed
+    assert index.boundaries(done.__getitem__, device="cpu", **geometry) is on_cpu
+    done[4] = True
+    index.mark_written(torch.tensor([4]))
+    moved = index.boundaries(done.__getitem__, device="meta", **geometry)
+    assert moved is not placed and moved[2].shape == (4,)
+    assert index.boundaries(done.__getitem__, **geometry)[2].tolist() == [3, 2, 3, 2]
+
+
 def test_a_write_reads_only_the_written_rows():
     """After the first build, a query reads the signal at the written rows only."""
     signal = torch.zeros(1000, dtype=torch.long)

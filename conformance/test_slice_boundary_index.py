@@ -123,9 +123,15 @@ def test_stock_cache_goes_stale():
 
 
 def setup_params(setups) -> list:
-    """``setups`` as pytest parameters named after them; prioritized ones marked."""
+    """``setups`` as pytest parameters named after them; prioritized ones and those with
+    storages on a CUDA device marked."""
     return [
-        pytest.param(s, id=str(s), marks=[pytest.mark.torchrl_extension] if s.prioritized else [])
+        pytest.param(
+            s,
+            id=str(s),
+            marks=[pytest.mark.torchrl_extension] * s.prioritized
+            + [pytest.mark.cuda] * (s.device != "cpu"),
+        )
         for s in setups
     ]
 
@@ -329,6 +335,11 @@ WRITE_SETUPS = [
     ),
     SliceSetup(sampler="SliceSamplerWithoutReplacement", storage="tensor", keys="end_key"),
     SliceSetup(sampler="PrioritizedSliceSampler", storage="tensor", keys="traj_key"),
+    # storages on the GPU: the same coherence, boundaries and draws on the device
+    SliceSetup(sampler="SliceSampler", storage="tensor", keys="unnamed", device="cuda"),
+    SliceSetup(
+        sampler="SliceSamplerWithoutReplacement", storage="tensor", keys="end_key", device="cuda"
+    ),
 ]
 
 write_setups = pytest.mark.parametrize("setup", setup_params(WRITE_SETUPS))

@@ -558,6 +558,8 @@ def test_read_entries_is_the_full_read_restricted_to_the_keys(storage, fill, tmp
     expected = full.select(*[key for key in keys if key is not None], strict=False)
     assert_identical(expected, entries)
     assert "pixels" not in entries.keys()
+    # a key that names a sub-TensorDict reads all of it
+    assert_identical(full.select("next"), fix._read_entries(rb.storage, index, ["next"]))
 
 
 class RowDecodingStorage(LazyTensorStorage):

@@ -445,7 +445,13 @@ def patches() -> list[UpstreamPatch]:
                 AddFunctions(
                     f"{RB}/samplers/slice.py",
                     "SliceSampler",
-                    (single_gather._defined_by, single_gather._reads_tensordict, single_gather._read_entries),
+                    (
+                        single_gather._defined_by,
+                        single_gather._reads_tensordict,
+                        single_gather._read_entries,
+                        single_gather._integer_index_batch_size,
+                        single_gather._fixed_length_info,
+                    ),
                 ),
                 AddImport(f"{RB}/samplers/slice.py", "tensordict", ("TensorDict",)),
                 AddImport(

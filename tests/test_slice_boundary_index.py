@@ -309,6 +309,33 @@ def test_a_sampler_overriding_how_it_samples_slices_lists_them(monkeypatch):
         return stock(self, lengths, *args, **kwargs)
 
     monkeypatch.setattr(SliceSampler, "_sample_slices", spy)
-    rb = _episodes_buffer(SliceSampler(slice_len=4, traj_key="episode"))
+    # span: TorchRL's general path, which gets only the drawn trajectories
+    rb = _episodes_buffer(SliceSampler(slice_len=4, traj_key="episode", span=True))
     rb.sample()
-    assert seen[-1] == 3  # without an override: only the drawn trajectories
+    assert seen[-1] == 3
+
+
+def test_slices_of_one_length_skip_torchrls_general_path(monkeypatch):
+    """Slices of the sampler's length inside their trajectories on the CPU: the
+    index is built from the drawn rows (TorchRL 0.14 on), _sample_slices never runs."""
+    from torchrl.data import SliceSampler
+
+    from torchrl_fixes import slice_sampling
+
+    if slice_sampling._classes_index_reason(SliceSampler) is not None:
+        pytest.skip(slice_sampling._classes_index_reason(SliceSampler))
+    built = []
+    fixed_length_index = slice_sampling._fixed_length_index
+
+    def counting(*args, **kwargs):
+        built.append(args[3].size)
+        return fixed_length_index(*args, **kwargs)
+
+    def general(self, *args, **kwargs):
+        raise AssertionError("TorchRL's general path ran")
+
+    monkeypatch.setattr(slice_sampling, "_fixed_length_index", counting)
+    monkeypatch.setattr(SliceSampler, "_sample_slices", general)
+    rb = _episodes_buffer(SliceSampler(slice_len=4, traj_key="episode"))
+    assert rb.sample().numel() == 12
+    assert built == [3]

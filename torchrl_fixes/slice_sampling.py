@@ -9,11 +9,21 @@ same draw, from the same generator, by rank in the storage index's
 ``_sample_slices`` the drawn trajectories only, numbered by ``traj_idx``: the
 samples are the same, and a sample costs O(batch) plus a scan of the order's
 chunk counts, whatever the number of trajectories.
+
+Where every slice has the sampler's length and lies inside its trajectory (no
+``span``; no trajectory too short, or ``strict_length``), which is how slice
+samplers are mostly built, and the storage is on the CPU,
+:func:`_fixed_length_index` places the slices with the same ``torch.rand`` draw
+and builds the index ``_get_index`` builds, in numpy on the drawn rows: TorchRL's
+general path costs a dozen tensor operations, each of which weighs more than the
+arithmetic on a few thousand rows. ``_finalize_index`` then adds the info
+(TorchRL 0.14 on).
 """
 from __future__ import annotations
 
 import functools
 
+import numpy as np
 import torch
 
 from torchrl_fixes.slice_boundaries import _query_index
@@ -38,32 +48,22 @@ def _sample_from_index(sampler, storage, batch_size: int):
     multiplier = getattr(sampler, "_batch_size_multiplier", None)
     if multiplier is not None:
         batch_size = batch_size * multiplier
-    drawn = _query_index(
-        sampler, storage, functools.partial(_draw_trajectories, sampler, batch_size)
+    result = _query_index(
+        sampler, storage, functools.partial(_sample_trajectories, sampler, storage, batch_size)
     )
-    if drawn is None:
+    if result is None:
         return None
-    lengths, start_idx, stop_idx, seq_length, num_slices = drawn
-    result = sampler._sample_slices(
-        lengths,
-        start_idx,
-        stop_idx,
-        seq_length,
-        num_slices,
-        storage_length=storage.shape[0],
-        traj_idx=torch.arange(num_slices, device=lengths.device),
-        storage=storage,
-    )
     warn_if_short = getattr(sampler, "_warn_if_short_batch", None)
     if warn_if_short is not None:
         warn_if_short(result[0], batch_size)
     return result
 
 
-def _draw_trajectories(
-    sampler, batch_size: int, index: TrajectoryBoundaries, signal, *, device, **geometry
+def _sample_trajectories(
+    sampler, storage, batch_size: int, index: TrajectoryBoundaries, signal, *, device, **geometry
 ):
-    """``(lengths, start, stop, seq_length, num_slices)`` of the trajectories ``sampler`` draws.
+    """The index and info of a slice sample of the trajectories ``sampler`` draws from
+    ``index``'s order (``None`` where there is none to draw: stock raises its error).
 
     The draw runs on ``device``, where stock's lengths are and so its draw, with
     the same generator; only the drawn ranks come to the host, and only the drawn
@@ -75,8 +75,21 @@ def _draw_trajectories(
     min_length = seq_length if too_short and sampler.strict_length else 1
     count = order.count(min_length)
     if not count:
-        return None  # stock raises its own error
+        return None
     traj_idx = torch.randint(count, (num_slices,), device=device, generator=sampler._rng)
+    storage_length = geometry["length"]  # storage.shape[0]
+    if (
+        device.type == "cpu"
+        and (not too_short or sampler.strict_length)
+        and not sampler.span[0]
+        and not sampler.span[1]
+        and _classes_index_reason(type(sampler)) is None
+    ):
+        stops, lengths = order.select_stops(traj_idx.numpy(), min_length)
+        rows, lanes = order.first_rows(stops, lengths)
+        return _fixed_length_index(
+            sampler, rows, lanes, lengths, seq_length, storage_length, storage
+        )
     start_idx, stop_idx, lengths = order.select(traj_idx.cpu(), min_length)
     if too_short:
         # one of the shortest, never drawn: _sample_slices sees that some are too short
@@ -86,7 +99,72 @@ def _draw_trajectories(
         )
     if device.type != "cpu":
         start_idx, stop_idx, lengths = (t.to(device) for t in (start_idx, stop_idx, lengths))
-    return lengths, start_idx, stop_idx, seq_length, num_slices
+    return sampler._sample_slices(
+        lengths,
+        start_idx,
+        stop_idx,
+        seq_length,
+        num_slices,
+        storage_length=storage_length,
+        traj_idx=torch.arange(num_slices, device=lengths.device),
+        storage=storage,
+    )
+
+
+def _fixed_length_index(
+    sampler,
+    rows: np.ndarray,
+    lanes: np.ndarray | None,
+    lengths: np.ndarray,
+    seq_length: int,
+    storage_length: int,
+    storage,
+):
+    """What ``_get_index`` returns for slices of ``seq_length`` steps inside the drawn
+    trajectories, which start at ``rows`` (and ``lanes``, for two-dimensional
+    storages) and hold ``lengths`` rows, all on the CPU.
+
+    The same ``torch.rand`` draw, from the same generator, places each slice in its
+    trajectory, with the float32 arithmetic stock uses; the index is the one
+    ``_tensor_slices_from_startend`` builds, and ``_finalize_index`` adds the info.
+    """
+    num_slices = rows.shape[0]
+    uniform = torch.rand(num_slices, generator=sampler._rng).numpy()
+    # Stock floors the float32 draw times the int64 room, promoted to float32; the
+    # product is not negative (every room is at least 1), so truncation floors it.
+    room = (lengths - seq_length + 1).astype(np.float32)
+    starts = rows + (uniform * room).astype(np.int64)
+    # torch owns the index, as it owns stock's; numpy writes it
+    index = torch.empty((num_slices * seq_length, 1 if lanes is None else 2), dtype=torch.long)
+    slices = index.numpy().reshape(num_slices, seq_length, -1)
+    steps = slices[:, :, 0]
+    np.add(starts[:, None], np.arange(seq_length), out=steps)
+    if starts.max() > storage_length - seq_length:
+        # a slice of a trajectory that wraps around the storage's end
+        np.remainder(steps, storage_length, out=steps)
+    if lanes is not None:
+        # the lane of each slice repeats along it
+        slices[:, :, 1] = lanes[:, None]
+    return sampler._finalize_index(
+        index=index,
+        num_slices=num_slices,
+        seq_length=seq_length,
+        target_seq_length=None,
+        mask_flat=None,
+        storage=storage,
+    )
+
+
+@functools.cache
+def _classes_index_reason(sampler_cls: type) -> str | None:
+    """Why ``sampler_cls``'s index must come from ``_sample_slices`` (None: it need not)."""
+    from torchrl.data.replay_buffers.samplers import SliceSampler
+
+    if "_finalize_index" not in vars(SliceSampler):
+        return "the info is built in _get_index (TorchRL before 0.14)"
+    if sampler_cls._tensor_slices_from_startend is not SliceSampler._tensor_slices_from_startend:
+        return f"{sampler_cls.__name__} overrides _tensor_slices_from_startend"
+    return None
 
 
 @functools.cache

@@ -288,9 +288,11 @@ class TrajectoryBoundaries:
         self._unforce_stops()
         order = self._order
         for first, last in runs:
-            found = self._natural_run(signal, first, last, length).cpu()
+            found = self._natural_run(signal, first, last, length)
+            if found.device.type != "cpu":
+                found = found.cpu()
             if lanes == 1:
-                order.replace(first, last, np.flatnonzero(found.reshape(-1).numpy()) + first)
+                order.replace(first, last, np.flatnonzero(found.numpy()) + first)
                 continue
             keys = self._keys(found, torch.arange(first, last + 1)).numpy()
             lane_at = np.searchsorted(keys, np.arange(lanes + 1) * capacity)
@@ -346,18 +348,15 @@ class TrajectoryBoundaries:
             # old row compared itself with row 0 and must now see its successor.
             runs.append((max(old_length - 1, 0), length - 1))
         if pending:
-            rows = (pending[0] if len(pending) == 1 else torch.cat(pending)).numpy()
-            if rows.size:
-                lo, hi = int(rows[0]), int(rows[-1])
-                if (
-                    hi - lo + 1 == rows.size
-                    and 0 <= lo
-                    and hi < length
-                    and (np.diff(rows) == 1).all()
-                ):
-                    # One run of rows, as one extend writes: no sort needed.
+            rows = pending[0] if len(pending) == 1 else torch.cat(pending)
+            if rows.numel():
+                lo, hi = (int(bound) for bound in torch.aminmax(rows))
+                if 0 <= lo and hi < length and hi - lo < 2 * rows.numel():
+                    # Rows within a range at most twice their number, as one extend
+                    # writes: the range is read again, with no sort.
                     runs.append((lo, hi))
                 else:
+                    rows = rows.numpy()
                     rows = np.unique(rows[(rows >= 0) & (rows < length)])
                     runs.extend(_contiguous_runs(rows))
         if self._reads_next_row:

@@ -97,12 +97,14 @@ class TrajectoryOrder:
         self._chunk_lengths: list[np.ndarray | None] = [None] * len(chunks)
         self._chunk_positions: list[dict | None] = [None] * len(chunks)
         self._stale = np.ones(len(chunks), dtype=bool)
+        self._any_stale = bool(chunks)
         self._mins = np.zeros(len(chunks), dtype=np.int64)
         # minimum length -> per chunk, how many of its trajectories are that long
         self._eligible: dict[int, np.ndarray] = {}
         self._lane_starts = None
         # minimum length -> what select() needs that only a write changes
         self._selections: dict[int, tuple] = {}
+        self._size_ends: np.ndarray | None = None  # where each chunk ends, in ranks
         self._shortest: int | None = None
 
     def __len__(self) -> int:
@@ -152,7 +154,7 @@ class TrajectoryOrder:
                 [chunk[: chunk.searchsorted(lo)], stops, chunk[chunk.searchsorted(hi, side="right") :]]
             )
             if self.load // 2 <= keys.size <= self.load or (n == 1 and 0 < keys.size <= self.load):
-                self._splice(first, first + 1, [keys])
+                self._rewrite(first, keys)
                 return
         if first > last:
             # no stop in [lo, hi]: the new ones join a neighbouring chunk
@@ -177,6 +179,27 @@ class TrajectoryOrder:
         pieces = -(-keys.size // self.load)
         chunks = np.array_split(keys, pieces) if pieces else []
         self._splice(first, last + 1, chunks)
+
+    def _rewrite(self, c: int, keys: np.ndarray) -> None:
+        """Puts ``keys`` (a new array) in place of chunk ``c``'s, in its arena row:
+        :meth:`_splice` of one chunk by one."""
+        slot = self._slots[c]
+        chunk = self._key_arena[slot, : keys.size]
+        chunk[:] = keys
+        self._chunks[c] = chunk
+        self._chunk_lengths[c] = self._chunk_positions[c] = None
+        self._firsts[c], self._lasts[c], self._sizes[c] = keys[0], keys[-1], keys.size
+        # the chunk after too: its first trajectory starts after another stop now
+        self._stale[c : c + 2] = True
+        self._stale_chunks_changed()
+
+    def _stale_chunks_changed(self) -> None:
+        """Forgets what depended on the chunks marked stale."""
+        self._any_stale = True
+        self._lane_starts = None
+        self._selections.clear()
+        self._size_ends = None
+        self._shortest = None
 
     def _splice(self, begin: int, end: int, chunks: list[np.ndarray]) -> None:
         """Puts ``chunks`` in place of chunks ``begin:end`` and marks what they change stale."""
@@ -214,9 +237,7 @@ class TrajectoryOrder:
         # the chunk after: its first trajectory starts after another stop now
         if begin + count < len(self._chunks):
             self._stale[begin + count] = True
-        self._lane_starts = None
-        self._selections.clear()
-        self._shortest = None
+        self._stale_chunks_changed()
 
     def _store(self, keys: np.ndarray) -> int:
         """Writes ``keys`` (at most ``load``) into a free row of the key arena; its index."""
@@ -261,6 +282,9 @@ class TrajectoryOrder:
 
     def _refresh(self) -> None:
         """Computes the lengths of the chunks whose keys or predecessor changed."""
+        if not self._any_stale:
+            return
+        self._any_stale = False
         stale = self._stale.nonzero()[0]
         if stale.size > 64 and stale.size * 2 > self._stale.size:
             self._refresh_all()
@@ -323,11 +347,14 @@ class TrajectoryOrder:
         c = int(ends.searchsorted(rank, side="right"))
         return c, rank - int(ends[c] - self._sizes[c])
 
+    def _require_length(self) -> None:
+        if self._length is None:
+            raise RuntimeError("set the number of valid rows (length) before a query.")
+
     def _lanes(self):
         """``(rank, length)`` arrays of each non-empty lane's first trajectory, in lane order."""
         if self._lane_starts is None:
-            if self._length is None:
-                raise RuntimeError("set the number of valid rows (length) before a query.")
+            self._require_length()
             ranks, lengths = [], []
             if self.lanes == 1 and self._chunks:
                 first, last = int(self._chunks[0][0]), int(self._chunks[-1][-1])
@@ -353,7 +380,10 @@ class TrajectoryOrder:
 
     def count(self, min_length: int = 1) -> int:
         """How many trajectories are at least ``min_length`` rows long."""
-        _, ends, lane_ranks, _, _ = self._selection(max(min_length, 1))
+        if min_length <= 1:
+            self._require_length()
+            return len(self)  # every trajectory: one per stop
+        _, ends, lane_ranks, _, _ = self._selection(min_length)
         return int(ends[-1] if ends.size else 0) + lane_ranks.size
 
     def shortest(self) -> int:
@@ -398,7 +428,15 @@ class TrajectoryOrder:
             ``lengths``, ``[n]``.
         """
         ranks = ranks.numpy() if isinstance(ranks, torch.Tensor) else np.asarray(ranks)
+        return self._rows(*self.select_stops(ranks, min_length))
+
+    def select_stops(self, ranks: np.ndarray, min_length: int = 1) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`select` as numpy arrays: the stop keys of the ``ranks``-th trajectories
+        among those at least ``min_length`` rows long, and their lengths
+        (:meth:`first_rows` gives where they start)."""
         ranks = ranks.astype(np.int64, copy=False)
+        if min_length <= 1 and self.lanes == 1:
+            return self._select_all(ranks)
         eligible, ends, lane_ranks, lane_stops, lane_lengths = self._selection(max(min_length, 1))
         # the number of lane firsts before each rank; a rank equal to one's is that one
         at = lane_ranks.searchsorted(ranks)
@@ -427,7 +465,23 @@ class TrajectoryOrder:
         if lane_ranks.size:
             stops[is_lane_first] = lane_stops[at[is_lane_first]]
             lengths[is_lane_first] = lane_lengths[at[is_lane_first]]
-        return self._rows(stops, lengths)
+        return stops, lengths
+
+    def _select_all(self, ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`select_stops` among every trajectory of one lane: the rank is the
+        stop's position, and the first one's length wraps around the ring."""
+        self._refresh()
+        ends = self._size_ends
+        if ends is None:
+            ends = self._size_ends = self._sizes.cumsum()
+        chunk_of = ends.searchsorted(ranks, side="right")
+        slots = self._slots[chunk_of]
+        within = ranks - ends[chunk_of] + self._sizes[chunk_of]
+        stops = self._key_arena[slots, within]
+        lengths = self._length_arena[slots, within]
+        if not ranks.all():
+            lengths[ranks == 0] = self._lanes()[1][0]
+        return stops, lengths
 
     def _selection(self, min_length: int) -> tuple:
         """``(eligible, cumulated eligible, lane ranks, lane stops, lane lengths)`` for
@@ -488,19 +542,25 @@ class TrajectoryOrder:
         lengths[lane_ranks] = lane_lengths
         return self._rows(stops, lengths)
 
-    def _rows(self, stops: np.ndarray, lengths: np.ndarray):
+    def first_rows(self, stops: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """``(row, lane)`` where the trajectories stopping at keys ``stops`` with
+        ``lengths`` start: numpy arrays, ``lane`` ``None`` for one lane."""
         if self.lanes == 1:
-            start = (stops - lengths + 1) % self._length
+            return (stops - lengths + 1) % self._length, None
+        lane, stop = np.divmod(stops, self.capacity)
+        return (stop - lengths + 1) % self._length, lane
+
+    def _rows(self, stops: np.ndarray, lengths: np.ndarray):
+        start, lane = self.first_rows(stops, lengths)
+        if lane is None:
             return (
                 torch.from_numpy(start.reshape(-1, 1)),
                 torch.from_numpy(stops.reshape(-1, 1)),
                 torch.from_numpy(lengths),
             )
-        lane, stop = np.divmod(stops, self.capacity)
-        start = (stop - lengths + 1) % self._length
         lane = torch.from_numpy(lane)
         return (
             torch.stack([torch.from_numpy(start), lane], -1),
-            torch.stack([torch.from_numpy(stop), lane], -1),
+            torch.stack([torch.from_numpy(stops % self.capacity), lane], -1),
             torch.from_numpy(lengths),
         )

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 from packaging.specifiers import SpecifierSet
-from tensordict import TensorDict
+from tensordict import TensorDict, unravel_key
 from tensordict.utils import NestedKey
 
 from torchrl_fixes.patching import Replacement, derive_from_source
@@ -129,10 +129,97 @@ def _read_entries(
     """
     if not _reads_tensordict(storage):
         return storage[index]
-    data = storage._storage.select(*[key for key in keys if key is not None], strict=False)
-    if not storage._is_full:
-        data = data[: storage._len_along_dim0]
-    return data[index]
+    keys = [unravel_key(key) for key in keys if key is not None]
+    data = storage._storage
+    batch_size = _integer_index_batch_size(data.batch_size, index)
+    columns = {key: data.get(key, None) for key in keys}
+    if batch_size is None or not all(
+        column is None or isinstance(column, torch.Tensor) for column in columns.values()
+    ):
+        # another index, or entries that are not tensors: index the selection
+        data = data.select(*keys, strict=False)
+        if not storage._is_full:
+            data = data[: storage._len_along_dim0]
+        return data[index]
+    # Only the asked entries are gathered, each as TensorDict indexing gathers it,
+    # and the result is built from them as indexing builds it (nested entries in
+    # nested TensorDicts on the storage's device), without its checks.
+    length = None if storage._is_full else storage._len_along_dim0
+    source = {}
+    for key, column in columns.items():
+        if column is None:
+            continue
+        *path, name = key if isinstance(key, tuple) else (key,)
+        node = source
+        for part in path:
+            node = node.setdefault(part, {})
+        node[name] = (column if length is None else column[:length])[index]
+    return TensorDict._new_unsafe(source, batch_size=batch_size, device=data.device)
+
+
+def _integer_index_batch_size(batch_size: torch.Size, index) -> torch.Size | None:
+    """The batch size of ``data[index]`` for ``data`` of ``batch_size``, where ``index``
+    is an integer tensor or a tuple of them (what samplers return); ``None`` otherwise."""
+    tensors = index if isinstance(index, tuple) else (index,)
+    if not tensors or len(tensors) > len(batch_size):
+        return None
+    for tensor in tensors:
+        if not isinstance(tensor, torch.Tensor) or tensor.dtype not in (torch.long, torch.int):
+            return None
+    shape = tensors[0].shape if len(tensors) == 1 else torch.broadcast_shapes(*(t.shape for t in tensors))
+    return shape + batch_size[len(tensors) :]
+
+
+def _fixed_length_info(
+    sampler, index: torch.Tensor, num_slices: int, seq_length: int, storage: Storage
+) -> tuple[tuple[torch.Tensor, ...], dict[str, Any]] | None:
+    """What ``SliceSampler._finalize_index`` returns for ``num_slices`` slices of
+    ``seq_length`` rows each, all on the CPU, without its general path.
+
+    The info of such a sample is the done / terminated / init entries of the
+    sampled rows and flags at fixed positions (the last row of each slice is
+    truncated, the first starts it). The entries are gathered from the storage's
+    tensors as ``_read_entries`` gathers them and the flags are written in place,
+    in a few operations: on a few thousand rows, the general path's tensor
+    operations and TensorDict indexing cost several times the gathers.
+
+    Returns ``None`` (the general path runs) for other storages or entries than
+    :func:`_read_entries` reads directly, or rows off the CPU.
+    """
+    count = index.shape[0]
+    if index.device.type != "cpu" or count != num_slices * seq_length or not _reads_tensordict(storage):
+        return None
+    truncated_key = sampler.truncated_key
+    done_key = terminated_key = None
+    if truncated_key is not None:
+        done_key = _replace_last(truncated_key, "done")
+        terminated_key = _replace_last(truncated_key, "terminated")
+    data = storage._storage
+    columns = [
+        None if key is None else data.get(key, None)
+        for key in (done_key, terminated_key, sampler.init_key)
+    ]
+    if not all(column is None or isinstance(column, torch.Tensor) for column in columns):
+        return None
+    if index.dtype is not torch.long:
+        index = index.to(torch.long)
+    index = index.unbind(-1)
+    # The rows are valid ones (the slices are taken modulo the storage's length):
+    # the columns are indexed whole, without the view of the valid rows.
+    done, terminated, is_init = (None if column is None else column[index] for column in columns)
+    info = {}
+    if truncated_key is not None:
+        truncated = torch.zeros((count, 1), dtype=torch.bool)
+        truncated.numpy()[seq_length - 1 :: seq_length] = True
+        info[truncated_key] = truncated
+        info[done_key] = truncated.clone() if done is None else done | truncated
+        info[terminated_key] = torch.zeros_like(truncated) if terminated is None else terminated
+    if is_init is not None:
+        # each slice starts a sequence for recurrent modules
+        init_marker = torch.zeros_like(is_init)
+        init_marker[::seq_length] = True
+        info[sampler.init_key] = init_marker | is_init
+    return index, info
 
 
 def _read_written_entries(sampler, storage: Storage, index: torch.Tensor) -> Any:
@@ -187,9 +274,19 @@ _INIT_READ = (
     "st_index = _read_entries(storage, index, (self.init_key,))\n"
     "    self._maybe_emit_init_marker(",
 )
+# Slices of one length (what _get_index hands over for most samplers): the info
+# without the general path, where _fixed_length_info can build it.
+_FIXED_LENGTH_INFO = (
+    "    if self.truncated_key is not None:\n        truncated_key = self.truncated_key\n",
+    "    if target_seq_length is None and mask_flat is None and isinstance(seq_length, int):\n"
+    "        finalized = _fixed_length_info(self, index, num_slices, seq_length, storage)\n"
+    "        if finalized is not None:\n"
+    "            return finalized\n"
+    "    if self.truncated_key is not None:\n        truncated_key = self.truncated_key\n",
+)
 # TorchRL main (torchrl-nightly 2026.10.27): 0.14's code with the batch_time layout in front.
-FINALIZE_INDEX_EDITS = (_FLAT_INIT_READ, _INFO_READ, _INIT_READ)
-FINALIZE_INDEX_EDITS_0_14 = (_INFO_READ, _INIT_READ)
+FINALIZE_INDEX_EDITS = (_FLAT_INIT_READ, _FIXED_LENGTH_INFO, _INFO_READ, _INIT_READ)
+FINALIZE_INDEX_EDITS_0_14 = (_FIXED_LENGTH_INFO, _INFO_READ, _INIT_READ)
 # 0.13 reads the init flags under their literal key.
 GET_INDEX_EDITS_0_13 = tuple(
     (old, new.replace("self.init_key", '"is_init"')) for old, new in (_INFO_READ, _INIT_READ)
@@ -422,7 +519,9 @@ class SingleGather(Fix):
         _, _, marker, edits = next(
             v for v in self.variants if v[0] == builder and v[1] == source_fingerprint(stock)
         )
-        new = derive_from_source(stock, edits, _read_entries=_read_entries)
+        new = derive_from_source(
+            stock, edits, _read_entries=_read_entries, _fixed_length_info=_fixed_length_info
+        )
         if marker is not None:
             stock_function(SliceSampler, "_maybe_emit_init_marker", {marker})
         stock_function(PrioritizedSliceSampler, "sample", self.prioritized_fingerprints)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torchrl_fixes import trajectory_order
+from torchrl_fixes import trajectory_boundaries, trajectory_order
 from torchrl_fixes.trajectory_boundaries import (
     EndFlagDisagreements,
     TrajectoryBoundaries,
@@ -51,6 +51,15 @@ def chunk_load(request, monkeypatch):
     """Every test also runs with tiny chunks, so that writes cross and merge chunks."""
     if request.param is not None:
         monkeypatch.setattr(trajectory_order, "LOAD", request.param)
+    return request.param
+
+
+@pytest.fixture(autouse=True, params=["numpy", "torch"])
+def signal_path(request, monkeypatch):
+    """Every test also runs with the ends found by torch, as for a signal on an
+    accelerator (or in a dtype numpy lacks), instead of numpy."""
+    if request.param == "torch":
+        monkeypatch.setattr(trajectory_boundaries, "_host_array", lambda tensor: None)
     return request.param
 
 

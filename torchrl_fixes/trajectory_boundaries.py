@@ -35,6 +35,34 @@ KINDS = ("trajectory", "end")
 _NO_KEYS = np.empty(0, dtype=np.int64)
 
 
+def _host_array(tensor: torch.Tensor) -> np.ndarray | None:
+    """``tensor`` as a numpy array sharing its memory, where it is on the CPU in a
+    dtype numpy has (``None`` otherwise)."""
+    if tensor.device.type != "cpu":
+        return None
+    try:
+        return tensor.numpy()
+    except (TypeError, RuntimeError):  # bfloat16 and the like; a tensor that requires grad
+        return None
+
+
+def _next_differs(values: torch.Tensor) -> np.ndarray | torch.Tensor:
+    """Booleans shaped like ``values``: whether each row differs from the next one,
+    the last row from the first (around the ring). Compared in place, ``values``
+    are not copied: in numpy where they are on the CPU (several times faster than
+    torch on a whole column, one thread), else on their device."""
+    host = _host_array(values)
+    if host is not None:
+        differs = np.empty(host.shape, dtype=bool)
+        np.not_equal(host[:-1], host[1:], out=differs[:-1])
+        np.not_equal(host[-1:], host[:1], out=differs[-1:])
+        return differs
+    differs = torch.empty(values.shape, dtype=torch.bool, device=values.device)
+    torch.ne(values[:-1], values[1:], out=differs[:-1])
+    torch.ne(values[-1:], values[:1], out=differs[-1:])
+    return differs
+
+
 def _contiguous_runs(rows: np.ndarray) -> list[tuple[int, int]]:
     """``(first, last)`` of each run of consecutive values in sorted unique ``rows``."""
     if not rows.size:
@@ -232,34 +260,39 @@ class TrajectoryBoundaries:
         with self._lock:
             self._update(signal, capacity=capacity, length=length, lanes=lanes)
 
-    def _natural_all(self, signal: Signal, length: int) -> torch.Tensor:
-        """``[length, lanes]`` booleans: whether the signal marks each valid row as an end."""
+    def _natural_all(self, signal: Signal, length: int) -> np.ndarray | torch.Tensor:
+        """``[length, lanes]`` booleans: whether the signal marks each valid row as an end
+        (numpy for a signal on the CPU, else a tensor on its device)."""
         values = signal(slice(0, length))
         if self.kind == "end":
             return values.reshape(length, -1)
         # Each row against the next; the last valid row against the first, which
-        # only matters once the storage is full and wraps. Compared in place: the
-        # ids are not copied.
-        ends = torch.empty(values.shape, dtype=torch.bool, device=values.device)
-        torch.ne(values[:-1], values[1:], out=ends[:-1])
-        torch.ne(values[-1:], values[:1], out=ends[-1:])
-        return ends.reshape(length, -1)
+        # only matters once the storage is full and wraps.
+        return _next_differs(values).reshape(length, -1)
 
-    def _keys(self, ends: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
-        """Sorted keys ``lane * capacity + row`` of the true entries of ``[k, lanes]`` ``ends``."""
+    def _keys(self, ends: np.ndarray | torch.Tensor, first: int = 0) -> np.ndarray:
+        """Sorted keys ``lane * capacity + row`` of the true entries of ``[k, lanes]``
+        ``ends``, the booleans of rows ``first`` to ``first + k - 1``. Ends on an
+        accelerator are found there: only their positions come to the host."""
+        host = ends if isinstance(ends, np.ndarray) else _host_array(ends)
         if self._lanes == 1:
-            found = ends.reshape(-1).nonzero().squeeze(-1)
-            return found if rows is None else rows[found]
-        lane, at = ends.t().nonzero().unbind(-1)
-        row = at if rows is None else rows[at]
-        return lane * self._capacity + row
+            if host is not None:
+                # numpy finds them several times faster than torch on a whole column
+                at = np.flatnonzero(host)
+            else:
+                at = ends.reshape(-1).nonzero().squeeze(-1).cpu().numpy()
+            return at + first if first else at
+        if host is not None:
+            lane, at = np.nonzero(host.T)
+        else:
+            lane, at = ends.t().nonzero().cpu().numpy().T
+        return lane * self._capacity + (at + first)
 
     def _rebuild(self, signal: Signal, capacity: int, length: int, lanes: int) -> None:
         self._capacity, self._lanes, self._length = capacity, lanes, length
         ends = self._natural_all(signal, length)
         self._order = TrajectoryOrder(capacity, lanes)
-        # only the ends come to the host, not the signal
-        self._order.assign(self._keys(ends, None).cpu().numpy())
+        self._order.assign(self._keys(ends))
         self._forced, self._forced_key = (), None
         self._pending, self._pending_rows = [], 0
 
@@ -288,13 +321,10 @@ class TrajectoryBoundaries:
         self._unforce_stops()
         order = self._order
         for first, last in runs:
-            found = self._natural_run(signal, first, last, length)
-            if found.device.type != "cpu":
-                found = found.cpu()
+            keys = self._keys(self._natural_run(signal, first, last, length), first)
             if lanes == 1:
-                order.replace(first, last, np.flatnonzero(found.numpy()) + first)
+                order.replace(first, last, keys)
                 continue
-            keys = self._keys(found, torch.arange(first, last + 1)).numpy()
             lane_at = np.searchsorted(keys, np.arange(lanes + 1) * capacity)
             for lane in range(lanes):
                 offset = lane * capacity
@@ -448,10 +478,13 @@ class EndFlagDisagreements(TrajectoryBoundaries):
     def _disagree(self, ids: torch.Tensor, next_ids: torch.Tensor, ends: torch.Tensor):
         return (ids != next_ids) != ends.reshape(ids.shape)
 
-    def _natural_all(self, signal: Signal, length: int) -> torch.Tensor:
+    def _natural_all(self, signal: Signal, length: int) -> np.ndarray | torch.Tensor:
         ids, ends = signal(slice(0, length))
-        next_ids = torch.cat([ids[1:], ids[:1]])
-        return self._disagree(ids, next_ids, ends).reshape(length, -1)
+        differs = _next_differs(ids)
+        if isinstance(differs, np.ndarray):  # ids on the CPU, and the flags beside them
+            np.not_equal(differs, ends.numpy().reshape(differs.shape), out=differs)
+            return differs.reshape(length, -1)
+        return (differs != ends.reshape(differs.shape)).reshape(length, -1)
 
     def _natural_run(self, signal: Signal, first: int, last: int, length: int) -> torch.Tensor:
         count = last - first + 1

@@ -94,6 +94,7 @@ class TrajectoryOrder:
         self._firsts = np.array([c[0] for c in chunks], dtype=np.int64)
         self._lasts = np.array([c[-1] for c in chunks], dtype=np.int64)
         self._sizes = np.array([c.size for c in chunks], dtype=np.int64)
+        self._count = stops.size
         self._chunk_lengths: list[np.ndarray | None] = [None] * len(chunks)
         self._chunk_positions: list[dict | None] = [None] * len(chunks)
         self._stale = np.ones(len(chunks), dtype=bool)
@@ -108,7 +109,7 @@ class TrajectoryOrder:
         self._shortest: int | None = None
 
     def __len__(self) -> int:
-        return int(self._sizes.sum())
+        return self._count
 
     @property
     def length(self) -> int | None:
@@ -188,6 +189,7 @@ class TrajectoryOrder:
         chunk[:] = keys
         self._chunks[c] = chunk
         self._chunk_lengths[c] = self._chunk_positions[c] = None
+        self._count += keys.size - int(self._sizes[c])
         self._firsts[c], self._lasts[c], self._sizes[c] = keys[0], keys[-1], keys.size
         # the chunk after too: its first trajectory starts after another stop now
         self._stale[c : c + 2] = True
@@ -213,6 +215,7 @@ class TrajectoryOrder:
         firsts = [c[0] for c in chunks]
         lasts = [c[-1] for c in chunks]
         sizes = [c.size for c in chunks]
+        self._count += sum(sizes) - int(self._sizes[begin:end].sum())
         if count == end - begin:
             # as many chunks as before (most writes): the tables are updated in place
             self._slots[begin:end] = slots
@@ -338,7 +341,7 @@ class TrajectoryOrder:
         """How many stops are lower than ``key``."""
         c = int(self._lasts.searchsorted(key))
         if c == len(self._chunks):
-            return int(self._sizes.sum())
+            return self._count
         return int(self._sizes[:c].sum()) + int(self._chunks[c].searchsorted(key))
 
     def _at_rank(self, rank: int) -> tuple[int, int]:

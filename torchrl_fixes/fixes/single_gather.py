@@ -212,7 +212,14 @@ def _fixed_length_info(
         truncated = torch.zeros((count, 1), dtype=torch.bool)
         truncated.numpy()[seq_length - 1 :: seq_length] = True
         info[truncated_key] = truncated
-        info[done_key] = truncated.clone() if done is None else done | truncated
+        if done is None:
+            done = truncated.clone()
+        elif done.dtype is torch.bool and done.shape == truncated.shape:
+            # done | truncated, written into the rows just gathered
+            done.numpy()[seq_length - 1 :: seq_length] = True
+        else:
+            done = done | truncated
+        info[done_key] = done
         info[terminated_key] = torch.zeros_like(truncated) if terminated is None else terminated
     if is_init is not None:
         # each slice starts a sequence for recurrent modules

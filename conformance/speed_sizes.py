@@ -133,7 +133,7 @@ EXTEND = [
 
 # The operations timed on each list's buffers, as the benchmarks name them.
 OPERATIONS = {
-    "seed_table": (SEED_TABLE, ("seed_table",)),
+    "seed_table": (SEED_TABLE, ("seed_table", "seed_table sample-after-write")),
     "online": (
         ONLINE,
         ("online step", "online sample-after-write", "online sample-without-write", "online extend"),

@@ -102,7 +102,9 @@ def test_the_rows_full_adds_are_named():
     added = speed_sizes.scenarios_added("full")
     assert added == [
         "seed_table episode 346M/600M",
+        "seed_table sample-after-write episode 346M/600M",
         "seed_table done 346M/600M",
+        "seed_table sample-after-write done 346M/600M",
         "cold first sample episode 346M/600M",
         "cold first sample done 346M/600M",
         "cold first sample unnamed 346M/600M",

@@ -13,8 +13,9 @@ With this fix the entry a ``TensorStorage`` has in TorchRL's boundary cache
 ``traj_key`` ids, the ``end_key`` flags or the union of ``end_keys``), and a write
 advances it instead of emptying it: ``TensorStorage.set`` records the rows it
 touches, O(k); the next sample reads the signal of those rows only and splices the
-result into the index; a sample costs O(batch) plus O(number of trajectories)
-vector work. The boundaries are exactly those the stock code recovers, so the
+result into the index, and draws its trajectories by rank from it
+(:mod:`torchrl_fixes.slice_sampling`): a sample costs O(batch) plus one count per
+chunk of 1,024 trajectories. The boundaries are exactly those the stock code recovers, so the
 samples are the same, and they are used whatever ``cache_values`` says: the flag
 keeps its meaning (what is returned is never stale) and costs nothing.
 
@@ -169,7 +170,7 @@ class SliceBoundaryIndex(Fix):
     name = "slice_boundary_index"
     summary = (
         "SliceSampler boundaries kept in a per-storage index updated on each write: "
-        "cached by default, never stale, O(k) writes and O(batch + trajectories) samples"
+        "cached by default, never stale, O(k) writes and O(batch) samples"
     )
     upstream_issue = "https://github.com/pytorch/rl/issues/2669"
     torchrl_versions = SpecifierSet(">=0.11")

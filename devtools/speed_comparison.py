@@ -63,7 +63,7 @@ def full_run_cost() -> str:
 
     Examples:
         >>> print(full_run_cost())  # doctest: +ELLIPSIS
-        5 rows need --full (seed_table episode 346M/600M, ...): about 17 GiB of available memory, and 16 fills of a 346M-row buffer, about 16 minutes more on a 2-core machine.
+        7 rows need --full (seed_table episode 346M/600M, ...): about 17 GiB of available memory, and 16 fills of a 346M-row buffer, about 16 minutes more on a 2-core machine.
     """
     added = speed_sizes.scenarios_added("full")
     fills, rows = speed_sizes.fills_added("full")

@@ -339,3 +339,25 @@ def test_slices_of_one_length_skip_torchrls_general_path(monkeypatch):
     rb = _episodes_buffer(SliceSampler(slice_len=4, traj_key="episode"))
     assert rb.sample().numel() == 12
     assert built == [3]
+
+
+@pytest.mark.parametrize("seq_length", [1, 4, 64])
+def test_relative_starts_are_get_indexs_float32_arithmetic(seq_length):
+    """The slices' starts in their trajectories, computed in numpy, are the ones
+    ``_get_index`` computes in torch from the same draws, up to lengths of 2**31
+    rows (float32 rounds the room there, the same way on both sides)."""
+    from torchrl_fixes.slice_sampling import _relative_starts
+
+    generator = torch.Generator().manual_seed(seq_length)
+    lengths = torch.cat(
+        [
+            torch.randint(seq_length, 1 << 12, (4096,), generator=generator),
+            torch.randint(1 << 24, 1 << 31, (4096,), generator=generator),
+            torch.tensor([seq_length, (1 << 24) + 1, (1 << 24) + 3, (1 << 31) - 1]),
+        ]
+    )
+    uniform = torch.rand(lengths.numel(), generator=generator)
+    uniform[:3] = torch.tensor([0.0, 1.0 - 2**-24, 0.5])
+    stock = (uniform * (lengths - seq_length + 1)).floor().to(torch.int64)
+    ours = torch.from_numpy(_relative_starts(uniform.numpy(), lengths.numpy(), seq_length))
+    assert torch.equal(ours, stock)

@@ -77,7 +77,7 @@ def _sample_trajectories(
     if not count:
         return None
     traj_idx = torch.randint(count, (num_slices,), device=device, generator=sampler._rng)
-    storage_length = geometry["length"]  # storage.shape[0]
+    storage_length = geometry["length"]  # the valid rows along dim 0: storage.shape[0]
     if (
         device.type == "cpu"
         and (not too_short or sampler.strict_length)
@@ -130,10 +130,7 @@ def _fixed_length_index(
     """
     num_slices = rows.shape[0]
     uniform = torch.rand(num_slices, generator=sampler._rng).numpy()
-    # Stock floors the float32 draw times the int64 room, promoted to float32; the
-    # product is not negative (every room is at least 1), so truncation floors it.
-    room = (lengths - seq_length + 1).astype(np.float32)
-    starts = rows + (uniform * room).astype(np.int64)
+    starts = rows + _relative_starts(uniform, lengths, seq_length)
     # torch owns the index, as it owns stock's; numpy writes it
     index = torch.empty((num_slices * seq_length, 1 if lanes is None else 2), dtype=torch.long)
     slices = index.numpy().reshape(num_slices, seq_length, -1)
@@ -153,6 +150,18 @@ def _fixed_length_index(
         mask_flat=None,
         storage=storage,
     )
+
+
+def _relative_starts(uniform: np.ndarray, lengths: np.ndarray, seq_length: int) -> np.ndarray:
+    """Where slices of ``seq_length`` steps start in trajectories of ``lengths`` rows
+    (each at least ``seq_length``), from the float32 draws ``uniform``.
+
+    ``_get_index``'s ``(uniform * room).floor().to(torch.int64)``, in numpy: torch
+    promotes the int64 room to float32 and multiplies in float32, as here, and the
+    product is not negative (every room is at least 1), so truncation floors it.
+    """
+    room = (lengths - seq_length + 1).astype(np.float32)
+    return (uniform * room).astype(np.int64)
 
 
 @functools.cache

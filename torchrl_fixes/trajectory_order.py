@@ -344,9 +344,15 @@ class TrajectoryOrder:
             return self._count
         return int(self._sizes[:c].sum()) + int(self._chunks[c].searchsorted(key))
 
+    def _chunk_ends(self) -> np.ndarray:
+        """The rank after each chunk's last stop (the chunk sizes, cumulated), kept until a write."""
+        if self._size_ends is None:
+            self._size_ends = self._sizes.cumsum()
+        return self._size_ends
+
     def _at_rank(self, rank: int) -> tuple[int, int]:
         """``(chunk, position)`` of the stop of rank ``rank``."""
-        ends = self._sizes.cumsum()
+        ends = self._chunk_ends()
         c = int(ends.searchsorted(rank, side="right"))
         return c, rank - int(ends[c] - self._sizes[c])
 
@@ -474,9 +480,7 @@ class TrajectoryOrder:
         """:meth:`select_stops` among every trajectory of one lane: the rank is the
         stop's position, and the first one's length wraps around the ring."""
         self._refresh()
-        ends = self._size_ends
-        if ends is None:
-            ends = self._size_ends = self._sizes.cumsum()
+        ends = self._chunk_ends()
         chunk_of = ends.searchsorted(ranks, side="right")
         slots = self._slots[chunk_of]
         within = ranks - ends[chunk_of] + self._sizes[chunk_of]

@@ -361,3 +361,103 @@ def test_relative_starts_are_get_indexs_float32_arithmetic(seq_length):
     stock = (uniform * (lengths - seq_length + 1)).floor().to(torch.int64)
     ours = torch.from_numpy(_relative_starts(uniform.numpy(), lengths.numpy(), seq_length))
     assert torch.equal(ours, stock)
+
+
+def _sample_pair(storage, stock_storage, sampler, stock_sampler, seed):
+    """Patched and stock samples of the same storage contents, from the same seed."""
+    torch.manual_seed(seed)
+    index, _ = sampler.sample(storage, 8)
+    torch.manual_seed(seed)
+    stock_index, _ = stock_sampler.sample(stock_storage, 8)
+    return index, stock_index
+
+
+def test_a_plan_holds_until_the_storage_changes_otherwise_than_by_recorded_writes():
+    from torchrl.data import LazyTensorStorage, SliceSampler
+
+    from torchrl_fixes.storage_boundaries import _INCREMENTAL, _REPLAY_BOUNDARY_CACHE
+
+    def rows(start, n):
+        step = torch.arange(start, start + n)
+        done = (step % 3 == 2).unsqueeze(-1)
+        return TensorDict({"episode": step // 3, ("next", "done"): done}, [n])
+
+    with torchrl_fixes.disabled():
+        stock_storage = LazyTensorStorage(40)
+        stock_sampler = SliceSampler(slice_len=2, end_key=("next", "done"))
+    storage, sampler = LazyTensorStorage(40), SliceSampler(slice_len=2, end_key=("next", "done"))
+    written = 0
+
+    def write(n):
+        nonlocal written
+        for target in (storage, stock_storage):
+            target.set(torch.arange(written, written + n), rows(written, n))
+        written += n
+
+    def same_samples(seed):
+        index, stock_index = _sample_pair(storage, stock_storage, sampler, stock_sampler, seed)
+        return all(torch.equal(a, b) for a, b in zip(index, stock_index))
+
+    write(9)
+    assert same_samples(0)
+    plan = slice_boundaries._current_plan(sampler, storage)
+    assert plan is not None and plan.geometry["length"] == 9
+    assert same_samples(1)
+    assert slice_boundaries._current_plan(sampler, storage) is plan
+    # a recorded write: the same plan, with the geometry read again
+    write(6)
+    assert slice_boundaries._current_plan(sampler, storage) is plan
+    assert plan.geometry["length"] == 15
+    assert same_samples(2)
+    # a mutation that records no rows: a new plan
+    storage._bump_mutation_revision()
+    assert slice_boundaries._current_plan(sampler, storage) is None
+    assert same_samples(3)
+    plan = slice_boundaries._current_plan(sampler, storage)
+    assert plan is not None
+    # the storage's entry dropped: the writes after it go to a new entry, not the plan's
+    _REPLAY_BOUNDARY_CACHE[storage][1].pop(_INCREMENTAL)
+    write(6)
+    assert slice_boundaries._current_plan(sampler, storage) is None
+    assert same_samples(4)
+    # another key read: a new plan
+    sampler.end_key = stock_sampler.end_key = "done_elsewhere"
+    sampler.traj_key = stock_sampler.traj_key = "episode"
+    sampler._fetch_traj = stock_sampler._fetch_traj = True
+    assert slice_boundaries._current_plan(sampler, storage) is None
+    assert same_samples(5)
+    assert slice_boundaries.boundary_source(storage) == ("trajectory", "episode")
+
+
+def test_a_plan_does_not_keep_its_storage_alive():
+    import gc
+    import weakref
+
+    from torchrl.data import SliceSampler
+
+    storage = _storage()
+    sampler = SliceSampler(slice_len=2, traj_key="episode")
+    sampler.sample(storage, 4)
+    assert slice_boundaries._current_plan(sampler, storage) is not None
+    alive = weakref.ref(storage)
+    del storage
+    gc.collect()
+    assert alive() is None
+    assert slice_boundaries._LAST_PLANS[sampler]() is None
+
+
+def test_a_plan_that_checked_the_end_flags_for_ids_is_made_again_after_a_write():
+    from torchrl.data import SliceSampler
+
+    storage = _storage()
+    sampler = SliceSampler(slice_len=2)  # names no key: the done flags may stand in for the ids
+    sampler.sample(storage, 4)
+    assert slice_boundaries.boundary_source(storage) == ("end", ("next", "done"))
+    assert slice_boundaries._current_plan(sampler, storage) is not None
+    step = torch.arange(6, 8)
+    done = torch.zeros(2, 1, dtype=torch.bool)
+    storage.set(step, TensorDict({"episode": step // 3, ("next", "done"): done}, [2]))
+    # the agreement is checked again (and the rows it follows are read) by a new plan
+    assert slice_boundaries._current_plan(sampler, storage) is None
+    sampler.sample(storage, 4)
+    assert slice_boundaries._current_plan(sampler, storage) is not None

@@ -62,7 +62,13 @@ def check(order, stops, capacity, lanes, length, rng):
     assert_same(order.materialize(), expected)
     if not stops.size:
         return
-    lengths = expected[2]
+    start, stop, lengths = expected
+    # a trajectory wraps where it starts after its stop: then, and only then, the
+    # first rows are taken around the ring
+    assert order.wraps() == bool((start[:, 0] > stop[:, 0]).any())
+    rows, lane = order.first_rows(stops, lengths.numpy())
+    assert torch.equal(torch.from_numpy(rows), start[:, 0])
+    assert lane is None if lanes == 1 else torch.equal(torch.from_numpy(lane), start[:, 1])
     assert order.shortest() == int(lengths.min())
     assert int(lengths[order.shortest_rank()]) == int(lengths.min())
     for min_length in {1, 2, 3, int(lengths.median()), int(lengths.max()), int(lengths.max()) + 1}:

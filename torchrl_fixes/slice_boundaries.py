@@ -10,6 +10,12 @@ nothing returned is ever stale. Configurations the index does not handle return
 ``None`` and the sampler recovers the boundaries from the whole storage as
 before; :func:`fallback_reason` says which one applies.
 
+What a sampler asks the index with (the signal, the index, the storage's
+length and cursor) is kept per sampler in a :class:`_QueryPlan` until the
+storage changes otherwise than by writes the index records, or the sampler's
+keys or options change: a sample with no write since the last one looks up
+nothing, and one after a write reads the storage's length and cursor alone.
+
 Devices: stock finds the boundaries where the storage's boundary column lives
 (moved to ``use_gpu``'s device and back when ``use_gpu`` is set) and leaves them
 on the column's device, where the sampler then draws its slices. The index reads
@@ -33,6 +39,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import weakref
 from typing import Any, Callable
 
 import numpy as np
@@ -40,6 +47,7 @@ import torch
 from tensordict import TensorDictBase, unravel_key
 
 from torchrl_fixes.storage_boundaries import (
+    _COPIED_ATTR,
     _END_KEY,
     _INCREMENTAL,
     _REPLAY_BOUNDARY_CACHE,
@@ -48,6 +56,7 @@ from torchrl_fixes.storage_boundaries import (
     _column_signal,
     _end_column,
     _id_column,
+    _mutation_revision,
     _refresh_agreement,
     _row_shape,
     _stamp,
@@ -241,31 +250,187 @@ def _query_index(sampler, storage, query: Callable):
     """``query(index, signal, device=device, **geometry)`` on the storage's index for
     ``sampler``, under its lock; ``device`` is where stock leaves the boundaries.
 
-    Returns ``None`` where stock code must run.
+    What the query is asked with (the signal, the index, the geometry) is found
+    once and kept in a :class:`_QueryPlan`: until the storage changes otherwise
+    than by the writes the index records, a sample reads the geometry at most and
+    goes to its query. Returns ``None`` where stock code must run.
     """
+    plan = _current_plan(sampler, storage)
+    if plan is None:
+        return _plan_and_query(sampler, storage, query)
+    with plan.lock:
+        plan.boundaries.last_source = plan.index_key
+        return query(plan.index, plan.signal, device=plan.device, **plan.geometry)
+
+
+class _QueryPlan:
+    """What :func:`_query_index` finds for a sampler on a storage: the index, the
+    signal it reads, the geometry it is asked with and the mutation revision that
+    geometry was read at.
+
+    The storage's :class:`StorageBoundaries` holds it, so that it lives no longer
+    than the storage; the sampler finds it through :data:`_LAST_PLANS`.
+    """
+
+    __slots__ = (
+        "storage",
+        "boundaries",
+        "revision",
+        "sampler_state",
+        "index_key",
+        "agreement",
+        "index",
+        "signal",
+        "device",
+        "geometry",
+        "__weakref__",
+    )
+
+    def __init__(
+        self,
+        storage,
+        boundaries,
+        revision,
+        sampler_state,
+        index_key,
+        agreement,
+        index,
+        signal,
+        device,
+        geometry,
+    ):
+        self.storage = weakref.ref(storage)
+        self.boundaries = boundaries
+        self.revision = revision
+        self.sampler_state = sampler_state
+        self.index_key = index_key
+        # the trajectory-id key whose agreement with the end flags was checked, if any:
+        # that check is made again at the next revision, by a new plan
+        self.agreement = agreement
+        self.index = index
+        self.signal = signal
+        self.device = device
+        self.geometry = geometry
+
+    @property
+    def lock(self):
+        return self.boundaries.lock
+
+
+# sampler -> a weak reference to the last plan it made
+_LAST_PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+# The sampler attributes a plan depends on: what _fallback_reason, _signal and
+# _may_read_end_flags read (names in the sampler's __dict__).
+_PLAN_ATTRIBUTES = (
+    "fragmented",
+    "compile",
+    "use_gpu",
+    "_gpu_device",
+    "_traj_key_auto",
+    "_fetch_traj",
+    "traj_key",
+    "__used_traj_key",
+    "end_key",
+    "end_keys",
+    _TRAJ_KEY_NAMED,
+)
+
+
+def _sampler_state(sampler) -> tuple:
+    attributes = sampler.__dict__
+    cache = attributes.get("_cache") or ()
+    return (
+        type(sampler),
+        *[attributes.get(name) for name in _PLAN_ATTRIBUTES],
+        "static-stop-and-length" in cache or "stop-and-length" in cache,
+    )
+
+
+def _current_plan(sampler, storage) -> _QueryPlan | None:
+    """``sampler``'s last plan, if it holds for ``storage`` as it is now.
+
+    At the plan's revision it holds as it is. After writes that the index
+    recorded (the plan's storage entry is the live one and saw every revision
+    since), it holds once the geometry is read again, unless it checked whether
+    end flags may stand in for the ids: a new plan checks that again.
+    """
+    try:
+        reference = _LAST_PLANS.get(sampler)
+    except TypeError:  # a sampler that cannot be referenced weakly
+        return None
+    plan = None if reference is None else reference()
+    if (
+        plan is None
+        or plan.storage() is not storage
+        or plan.sampler_state != _sampler_state(sampler)
+        # a memmap copy writes the same files under a revision of its own
+        or (storage.__dict__.get(_COPIED_ATTR) and _unseen_writes_reason(storage) is not None)
+    ):
+        return None
+    revision = _mutation_revision(storage)
+    if plan.revision == revision:
+        return plan
+    boundaries = plan.boundaries
+    if (
+        revision is None
+        or boundaries.revision != revision
+        or plan.agreement is not None
+        or plan.index_key not in boundaries.stamps
+    ):
+        return None
+    with _REPLAY_BOUNDARY_CACHE_LOCK:
+        cached = _REPLAY_BOUNDARY_CACHE.get(storage)
+    if cached is None or cached[1].get(_INCREMENTAL) is not boundaries:
+        return None
+    try:
+        plan.geometry = _geometry(storage, plan.geometry["lanes"])
+    except _Unsupported:
+        return None
+    plan.revision = revision
+    return plan
+
+
+def _geometry(storage, lanes: int) -> dict:
+    """The geometry a query of ``storage``'s index is asked with."""
+    length = storage._len_along_dim0
+    if length < 2:
+        raise _Unsupported("fewer than two stored rows")
+    cursor_name = (
+        "_last_cursor_index" if hasattr(type(storage), "_last_cursor_index") else "_last_cursor"
+    )
+    at_capacity = bool(storage._is_full)
+    cursor = getattr(storage, cursor_name, None) if at_capacity else None
+    return {
+        "capacity": storage._storage.batch_size[0],
+        "length": length,
+        "at_capacity": at_capacity,
+        "cursor": _resolve_cursor(cursor, length),
+        "lanes": lanes,
+    }
+
+
+def _plan_and_query(sampler, storage, query: Callable):
+    """:func:`_query_index` without a plan: finds what to ask, keeps it, asks."""
     reason = _fallback_reason(sampler, storage)
-    length = storage._len_along_dim0 if reason is None else 0
-    if reason is None and length < 2:
+    if reason is None and storage._len_along_dim0 < 2:
         reason = "fewer than two stored rows"
     if reason is None:
+        # read before the geometry: a write after it makes the plan stale
+        revision = _mutation_revision(storage)
         if getattr(sampler, "_traj_key_auto", False):
             sampler._resolve_traj_key(storage)
         try:
             kind, key, signal, lanes, device = _signal(sampler, storage)
-            cursor_name = (
-                "_last_cursor_index"
-                if hasattr(type(storage), "_last_cursor_index")
-                else "_last_cursor"
-            )
-            at_capacity = bool(storage._is_full)
-            cursor = getattr(storage, cursor_name, None) if at_capacity else None
-            cursor = _resolve_cursor(cursor, length)
+            geometry = _geometry(storage, lanes)
         except _Unsupported as err:
             reason = str(err)
     if reason is not None:
         _log_fallback(reason)
         return None
+    length, at_capacity, cursor = geometry["length"], geometry["at_capacity"], geometry["cursor"]
     boundaries = _storage_boundaries(storage)
+    agreement = None
     with boundaries.lock:
         if not _may_read_end_flags(sampler):
             if not boundaries.unnamed_samplers and boundaries.agreements:
@@ -274,6 +439,7 @@ def _query_index(sampler, storage, query: Callable):
                 boundaries.agreements.clear()
         elif kind == "trajectory":
             boundaries.unnamed_samplers = True
+            agreement = key[1]
             flags = _agreeing_end_flags(
                 sampler, storage, boundaries, key[1], length, at_capacity, cursor
             )
@@ -290,16 +456,25 @@ def _query_index(sampler, storage, query: Callable):
             # The column was replaced (or first seen): its rows are new.
             index.reset()
             boundaries.stamps[index_key] = key[2]
-        return query(
-            index,
-            signal,
-            capacity=storage._storage.batch_size[0],
-            length=length,
-            at_capacity=at_capacity,
-            cursor=cursor,
-            lanes=lanes,
-            device=device,
-        )
+        if revision is not None:
+            plan = _QueryPlan(
+                storage,
+                boundaries,
+                revision,
+                _sampler_state(sampler),
+                index_key,
+                agreement,
+                index,
+                signal,
+                device,
+                geometry,
+            )
+            try:
+                boundaries.plans[sampler] = plan
+                _LAST_PLANS[sampler] = weakref.ref(plan)
+            except TypeError:  # a sampler that cannot be referenced weakly
+                pass
+        return query(index, signal, device=device, **geometry)
 
 
 def fallback_reason(sampler, storage) -> str | None:

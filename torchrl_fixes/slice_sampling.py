@@ -88,7 +88,7 @@ def _sample_trajectories(
         stops, lengths = order.select_stops(traj_idx.numpy(), min_length)
         rows, lanes = order.first_rows(stops, lengths)
         return _fixed_length_index(
-            sampler, rows, lanes, lengths, seq_length, storage_length, storage
+            sampler, rows, lanes, lengths, seq_length, storage_length, storage, wraps=order.wraps()
         )
     start_idx, stop_idx, lengths = order.select(traj_idx.cpu(), min_length)
     if too_short:
@@ -119,10 +119,14 @@ def _fixed_length_index(
     seq_length: int,
     storage_length: int,
     storage,
+    *,
+    wraps: bool = True,
 ):
     """What ``_get_index`` returns for slices of ``seq_length`` steps inside the drawn
     trajectories, which start at ``rows`` (and ``lanes``, for two-dimensional
-    storages) and hold ``lengths`` rows, all on the CPU.
+    storages) and hold ``lengths`` rows, all on the CPU. Where no trajectory
+    ``wraps`` around the storage's end and float32 holds every room exactly, no
+    slice does.
 
     The same ``torch.rand`` draw, from the same generator, places each slice in its
     trajectory, with the float32 arithmetic stock uses; the index is the one
@@ -136,8 +140,9 @@ def _fixed_length_index(
     slices = index.numpy().reshape(num_slices, seq_length, -1)
     steps = slices[:, :, 0]
     np.add(starts[:, None], np.arange(seq_length), out=steps)
-    if starts.max() > storage_length - seq_length:
-        # a slice of a trajectory that wraps around the storage's end
+    if (wraps or storage_length > _FLOAT32_EXACT) and starts.max() > storage_length - seq_length:
+        # a slice of a trajectory that wraps around the storage's end, or one row
+        # past its trajectory where float32 rounded the room up
         np.remainder(steps, storage_length, out=steps)
     if lanes is not None:
         # the lane of each slice repeats along it
@@ -150,6 +155,10 @@ def _fixed_length_index(
         mask_flat=None,
         storage=storage,
     )
+
+
+# Up to this many rows, float32 holds every room exactly: u * room < room for u < 1.
+_FLOAT32_EXACT = 1 << 24
 
 
 def _relative_starts(uniform: np.ndarray, lengths: np.ndarray, seq_length: int) -> np.ndarray:

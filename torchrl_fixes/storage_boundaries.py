@@ -28,6 +28,7 @@ and the samplers recover its boundaries from the whole storage.
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Any, Callable
 
 import numpy as np
@@ -74,6 +75,8 @@ class StorageBoundaries:
         pairs_decided (bool): whether the (ids, done flags) pairs to follow are known.
         unnamed_samplers (bool): whether a sampler that names no key has read the storage.
         samplers (dict): key -> a sampler kept to query the storage with (sample units).
+        plans (WeakKeyDictionary): sampler -> what it queries the indexes with at
+            ``revision`` (:class:`~.slice_boundaries._QueryPlan`).
         last_source: the boundary signal the last slice sample read.
     """
 
@@ -86,6 +89,7 @@ class StorageBoundaries:
         self.pairs_decided = False
         self.unnamed_samplers = False
         self.samplers: dict[Any, Any] = {}
+        self.plans: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.last_source = None
 
     def reset(self) -> None:

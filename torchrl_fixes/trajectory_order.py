@@ -103,9 +103,10 @@ class TrajectoryOrder:
         # minimum length -> per chunk, how many of its trajectories are that long
         self._eligible: dict[int, np.ndarray] = {}
         self._lane_starts = None
+        self._wraps = False
         # minimum length -> what select() needs that only a write changes
         self._selections: dict[int, tuple] = {}
-        self._size_ends: np.ndarray | None = None  # where each chunk ends, in ranks
+        self._places: tuple | None = None  # where each chunk ends, in ranks and arenas
         self._shortest: int | None = None
 
     def __len__(self) -> int:
@@ -200,7 +201,7 @@ class TrajectoryOrder:
         self._any_stale = True
         self._lane_starts = None
         self._selections.clear()
-        self._size_ends = None
+        self._places = None
         self._shortest = None
 
     def _splice(self, begin: int, end: int, chunks: list[np.ndarray]) -> None:
@@ -346,9 +347,16 @@ class TrajectoryOrder:
 
     def _chunk_ends(self) -> np.ndarray:
         """The rank after each chunk's last stop (the chunk sizes, cumulated), kept until a write."""
-        if self._size_ends is None:
-            self._size_ends = self._sizes.cumsum()
-        return self._size_ends
+        return self._rank_places()[0]
+
+    def _rank_places(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(ends, bases)``, kept until a write: the rank after each chunk's last stop,
+        and what turns a rank in a chunk into the position of its stop in the flat
+        arenas (``slot * load`` less the rank of the chunk's first stop)."""
+        if self._places is None:
+            ends = self._sizes.cumsum()
+            self._places = (ends, self._slots * self.load - (ends - self._sizes))
+        return self._places
 
     def _at_rank(self, rank: int) -> tuple[int, int]:
         """``(chunk, position)`` of the stop of rank ``rank``."""
@@ -365,11 +373,13 @@ class TrajectoryOrder:
         if self._lane_starts is None:
             self._require_length()
             ranks, lengths = [], []
+            wraps = False
             if self.lanes == 1 and self._chunks:
                 first, last = int(self._chunks[0][0]), int(self._chunks[-1][-1])
                 length = first - (last + 1) % self._length + 1
                 ranks.append(0)
                 lengths.append(length if length > 0 else length + self._length)
+                wraps = length <= 0
             for lane in range(self.lanes if self.lanes > 1 else 0):
                 rank = self._rank_of(lane * self.capacity)
                 end = self._rank_of((lane + 1) * self.capacity) if self.lanes > 1 else len(self)
@@ -382,8 +392,17 @@ class TrajectoryOrder:
                 length = first - (last + 1) % self._length + 1
                 ranks.append(rank)
                 lengths.append(length if length > 0 else length + self._length)
+                wraps = wraps or length <= 0
             self._lane_starts = (np.array(ranks, dtype=np.int64), np.array(lengths, dtype=np.int64))
+            self._wraps = wraps
         return self._lane_starts
+
+    def wraps(self) -> bool:
+        """Whether a trajectory runs across the end of the valid rows onto the first ones
+        (the first of a lane, in a full storage): where none does, every trajectory
+        starts at ``stop - length + 1``."""
+        self._lanes()
+        return self._wraps
 
     # --------------------------------------------------------------- queries
 
@@ -480,12 +499,10 @@ class TrajectoryOrder:
         """:meth:`select_stops` among every trajectory of one lane: the rank is the
         stop's position, and the first one's length wraps around the ring."""
         self._refresh()
-        ends = self._chunk_ends()
-        chunk_of = ends.searchsorted(ranks, side="right")
-        slots = self._slots[chunk_of]
-        within = ranks - ends[chunk_of] + self._sizes[chunk_of]
-        stops = self._key_arena[slots, within]
-        lengths = self._length_arena[slots, within]
+        ends, bases = self._rank_places()
+        at = ranks + bases[ends.searchsorted(ranks, side="right")]
+        stops = np.take(self._key_arena, at)
+        lengths = np.take(self._length_arena, at)
         if not ranks.all():
             lengths[ranks == 0] = self._lanes()[1][0]
         return stops, lengths
@@ -553,9 +570,11 @@ class TrajectoryOrder:
         """``(row, lane)`` where the trajectories stopping at keys ``stops`` with
         ``lengths`` start: numpy arrays, ``lane`` ``None`` for one lane."""
         if self.lanes == 1:
-            return (stops - lengths + 1) % self._length, None
+            rows = stops - lengths + 1
+            return (rows % self._length if self.wraps() else rows), None
         lane, stop = np.divmod(stops, self.capacity)
-        return (stop - lengths + 1) % self._length, lane
+        rows = stop - lengths + 1
+        return (rows % self._length if self.wraps() else rows), lane
 
     def _rows(self, stops: np.ndarray, lengths: np.ndarray):
         start, lane = self.first_rows(stops, lengths)

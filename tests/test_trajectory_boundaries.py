@@ -54,13 +54,30 @@ def chunk_load(request, monkeypatch):
     return request.param
 
 
-@pytest.fixture(autouse=True, params=["numpy", "torch"])
+_READ_IN_PLACE = {"on": False}
+
+
+@pytest.fixture(autouse=True, params=["numpy", "torch", "view"])
 def signal_path(request, monkeypatch):
     """Every test also runs with the ends found by torch, as for a signal on an
-    accelerator (or in a dtype numpy lacks), instead of numpy."""
+    accelerator (or in a dtype numpy lacks), instead of numpy, and with a signal
+    read in place through its numpy view (``host``), as storage columns are."""
     if request.param == "torch":
         monkeypatch.setattr(trajectory_boundaries, "_host_array", lambda tensor: None)
+    monkeypatch.setitem(_READ_IN_PLACE, "on", request.param == "view")
     return request.param
+
+
+def reader(signal: torch.Tensor):
+    """``signal`` as an index reads it: by slicing, or through its numpy view."""
+    if not _READ_IN_PLACE["on"]:
+        return signal.__getitem__
+
+    def read(rows):
+        raise AssertionError("a signal with a numpy view is read through it")
+
+    read.host = signal.numpy()
+    return read
 
 
 def query(index, signal, length, at_capacity, cursor):
@@ -70,9 +87,9 @@ def query(index, signal, length, at_capacity, cursor):
         capacity=signal.shape[0], length=length, at_capacity=at_capacity, cursor=cursor, lanes=lanes
     )
     # the order first: what boundaries() returns after it must be as fresh
-    order = index.trajectories(signal.__getitem__, **arguments)
+    order = index.trajectories(reader(signal), **arguments)
     selected = order.select(torch.arange(len(order)))
-    got = index.boundaries(signal.__getitem__, **arguments)
+    got = index.boundaries(reader(signal), **arguments)
     assert_same(selected, got)
     return got
 

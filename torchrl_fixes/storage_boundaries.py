@@ -46,7 +46,11 @@ except ImportError:  # TorchRL before 0.14
         _REPLAY_BOUNDARY_CACHE,
         _REPLAY_BOUNDARY_CACHE_LOCK,
     )
-from torchrl_fixes.trajectory_boundaries import EndFlagDisagreements, TrajectoryBoundaries
+from torchrl_fixes.trajectory_boundaries import (
+    EndFlagDisagreements,
+    TrajectoryBoundaries,
+    _host_array,
+)
 
 # The key of the incremental entry in a storage's boundary cache.
 _INCREMENTAL = "incremental"
@@ -281,6 +285,9 @@ def _column_signal(columns, shape) -> Callable:
         def signal(rows):
             return column[rows].reshape(shape)
 
+        # a column numpy can view is read in place (TrajectoryBoundaries' ``host``)
+        host = _host_array(column) if column.is_contiguous() else None
+        signal.host = None if host is None else host.reshape(shape)
         return signal
 
     def union(rows):

@@ -46,12 +46,19 @@ def _host_array(tensor: torch.Tensor) -> np.ndarray | None:
         return None
 
 
-def _next_differs(values: torch.Tensor) -> np.ndarray | torch.Tensor:
+def _read(signal: Signal, rows: slice) -> np.ndarray | torch.Tensor:
+    """The signal of ``rows``: a slice of its numpy view (``signal.host``) where it
+    has one, costing a fraction of a tensor read, else ``signal(rows)``."""
+    host = getattr(signal, "host", None)
+    return signal(rows) if host is None else host[rows]
+
+
+def _next_differs(values: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:
     """Booleans shaped like ``values``: whether each row differs from the next one,
     the last row from the first (around the ring). Compared in place, ``values``
     are not copied: in numpy where they are on the CPU (several times faster than
     torch on a whole column, one thread), else on their device."""
-    host = _host_array(values)
+    host = values if isinstance(values, np.ndarray) else _host_array(values)
     if host is not None:
         differs = np.empty(host.shape, dtype=bool)
         np.not_equal(host[:-1], host[1:], out=differs[:-1])
@@ -178,7 +185,9 @@ class TrajectoryBoundaries:
                 ``rows``, a slice along the first dimension,
                 shaped ``[len(rows)]`` for a storage with one lane and
                 ``[len(rows), lanes]`` otherwise, on any device: only what the
-                written rows mark comes to the host.
+                written rows mark comes to the host. A signal whose ``host``
+                attribute is a numpy array (the whole signal, shaped so, sharing
+                its memory) is read by slicing that array instead.
 
         Keyword Args:
             capacity (int): the number of rows the storage can hold.
@@ -263,7 +272,7 @@ class TrajectoryBoundaries:
     def _natural_all(self, signal: Signal, length: int) -> np.ndarray | torch.Tensor:
         """``[length, lanes]`` booleans: whether the signal marks each valid row as an end
         (numpy for a signal on the CPU, else a tensor on its device)."""
-        values = signal(slice(0, length))
+        values = _read(signal, slice(0, length))
         if self.kind == "end":
             return values.reshape(length, -1)
         # Each row against the next; the last valid row against the first, which
@@ -405,18 +414,21 @@ class TrajectoryBoundaries:
                 merged.append((first, last))
         return merged
 
-    def _natural_run(self, signal: Signal, first: int, last: int, length: int) -> torch.Tensor:
+    def _natural_run(
+        self, signal: Signal, first: int, last: int, length: int
+    ) -> np.ndarray | torch.Tensor:
         """``[count, lanes]`` booleans: whether the signal marks rows ``first..last`` as ends."""
         count = last - first + 1
         if self.kind == "end":
-            return signal(slice(first, last + 1)).reshape(count, -1)
+            return _read(signal, slice(first, last + 1)).reshape(count, -1)
         if last + 1 < length:
-            values = signal(slice(first, last + 2))
+            values = _read(signal, slice(first, last + 2))
             return (values[:-1] != values[1:]).reshape(count, -1)
         # The last valid row is compared with row 0, which only matters once the
         # storage is full and wraps.
-        values = signal(slice(first, last + 1))
-        after = torch.cat([values[1:], signal(slice(0, 1))])
+        values = _read(signal, slice(first, last + 1))
+        pieces = [values[1:], _read(signal, slice(0, 1))]
+        after = np.concatenate(pieces) if isinstance(values, np.ndarray) else torch.cat(pieces)
         return (values != after).reshape(count, -1)
 
 

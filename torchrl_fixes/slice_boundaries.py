@@ -37,6 +37,7 @@ files the index's boundaries there first.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import weakref
@@ -47,7 +48,6 @@ import torch
 from tensordict import TensorDictBase, unravel_key
 
 from torchrl_fixes.storage_boundaries import (
-    _COPIED_ATTR,
     _END_KEY,
     _INCREMENTAL,
     _REPLAY_BOUNDARY_CACHE,
@@ -263,6 +263,7 @@ def _query_index(sampler, storage, query: Callable):
         return query(plan.index, plan.signal, device=plan.device, **plan.geometry)
 
 
+@dataclasses.dataclass(slots=True, weakref_slot=True)
 class _QueryPlan:
     """What :func:`_query_index` finds for a sampler on a storage: the index, the
     signal it reads, the geometry it is asked with and the mutation revision that
@@ -272,45 +273,18 @@ class _QueryPlan:
     than the storage; the sampler finds it through :data:`_LAST_PLANS`.
     """
 
-    __slots__ = (
-        "storage",
-        "boundaries",
-        "revision",
-        "sampler_state",
-        "index_key",
-        "agreement",
-        "index",
-        "signal",
-        "device",
-        "geometry",
-        "__weakref__",
-    )
-
-    def __init__(
-        self,
-        storage,
-        boundaries,
-        revision,
-        sampler_state,
-        index_key,
-        agreement,
-        index,
-        signal,
-        device,
-        geometry,
-    ):
-        self.storage = weakref.ref(storage)
-        self.boundaries = boundaries
-        self.revision = revision
-        self.sampler_state = sampler_state
-        self.index_key = index_key
-        # the trajectory-id key whose agreement with the end flags was checked, if any:
-        # that check is made again at the next revision, by a new plan
-        self.agreement = agreement
-        self.index = index
-        self.signal = signal
-        self.device = device
-        self.geometry = geometry
+    storage: weakref.ref
+    boundaries: StorageBoundaries
+    revision: int
+    sampler_state: tuple
+    index_key: tuple
+    # the trajectory-id key whose agreement with the end flags was checked, if any:
+    # that check is made again at the next revision, by a new plan
+    agreement: Any
+    index: TrajectoryBoundaries
+    signal: Callable
+    device: torch.device
+    geometry: dict
 
     @property
     def lock(self):
@@ -365,7 +339,7 @@ def _current_plan(sampler, storage) -> _QueryPlan | None:
         or plan.storage() is not storage
         or plan.sampler_state != _sampler_state(sampler)
         # a memmap copy writes the same files under a revision of its own
-        or (storage.__dict__.get(_COPIED_ATTR) and _unseen_writes_reason(storage) is not None)
+        or _unseen_writes_reason(storage) is not None
     ):
         return None
     revision = _mutation_revision(storage)
@@ -458,16 +432,16 @@ def _plan_and_query(sampler, storage, query: Callable):
             boundaries.stamps[index_key] = key[2]
         if revision is not None:
             plan = _QueryPlan(
-                storage,
-                boundaries,
-                revision,
-                _sampler_state(sampler),
-                index_key,
-                agreement,
-                index,
-                signal,
-                device,
-                geometry,
+                storage=weakref.ref(storage),
+                boundaries=boundaries,
+                revision=revision,
+                sampler_state=_sampler_state(sampler),
+                index_key=index_key,
+                agreement=agreement,
+                index=index,
+                signal=signal,
+                device=device,
+                geometry=geometry,
             )
             try:
                 boundaries.plans[sampler] = plan

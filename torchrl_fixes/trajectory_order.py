@@ -345,10 +345,6 @@ class TrajectoryOrder:
             return self._count
         return int(self._sizes[:c].sum()) + int(self._chunks[c].searchsorted(key))
 
-    def _chunk_ends(self) -> np.ndarray:
-        """The rank after each chunk's last stop (the chunk sizes, cumulated), kept until a write."""
-        return self._rank_places()[0]
-
     def _rank_places(self) -> tuple[np.ndarray, np.ndarray]:
         """``(ends, bases)``, kept until a write: the rank after each chunk's last stop,
         and what turns a rank in a chunk into the position of its stop in the flat
@@ -360,7 +356,7 @@ class TrajectoryOrder:
 
     def _at_rank(self, rank: int) -> tuple[int, int]:
         """``(chunk, position)`` of the stop of rank ``rank``."""
-        ends = self._chunk_ends()
+        ends, _ = self._rank_places()
         c = int(ends.searchsorted(rank, side="right"))
         return c, rank - int(ends[c] - self._sizes[c])
 
@@ -372,29 +368,29 @@ class TrajectoryOrder:
         """``(rank, length)`` arrays of each non-empty lane's first trajectory, in lane order."""
         if self._lane_starts is None:
             self._require_length()
-            ranks, lengths = [], []
-            wraps = False
+            # (rank, first stop row, last stop row) of each non-empty lane
+            lanes = []
             if self.lanes == 1 and self._chunks:
-                first, last = int(self._chunks[0][0]), int(self._chunks[-1][-1])
-                length = first - (last + 1) % self._length + 1
-                ranks.append(0)
-                lengths.append(length if length > 0 else length + self._length)
-                wraps = length <= 0
+                lanes.append((0, int(self._chunks[0][0]), int(self._chunks[-1][-1])))
             for lane in range(self.lanes if self.lanes > 1 else 0):
                 rank = self._rank_of(lane * self.capacity)
-                end = self._rank_of((lane + 1) * self.capacity) if self.lanes > 1 else len(self)
+                end = self._rank_of((lane + 1) * self.capacity)
                 if end == rank:
                     continue
                 c, at = self._at_rank(rank)
                 first = int(self._chunks[c][at]) - lane * self.capacity
                 c, at = self._at_rank(end - 1)
                 last = int(self._chunks[c][at]) - lane * self.capacity
+                lanes.append((rank, first, last))
+            ranks, lengths = [], []
+            self._wraps = False
+            for rank, first, last in lanes:
+                # from the row after the lane's last stop to its first one, around the ring
                 length = first - (last + 1) % self._length + 1
+                self._wraps = self._wraps or length <= 0  # it starts after its stop
                 ranks.append(rank)
                 lengths.append(length if length > 0 else length + self._length)
-                wraps = wraps or length <= 0
             self._lane_starts = (np.array(ranks, dtype=np.int64), np.array(lengths, dtype=np.int64))
-            self._wraps = wraps
         return self._lane_starts
 
     def wraps(self) -> bool:
@@ -569,10 +565,7 @@ class TrajectoryOrder:
     def first_rows(self, stops: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """``(row, lane)`` where the trajectories stopping at keys ``stops`` with
         ``lengths`` start: numpy arrays, ``lane`` ``None`` for one lane."""
-        if self.lanes == 1:
-            rows = stops - lengths + 1
-            return (rows % self._length if self.wraps() else rows), None
-        lane, stop = np.divmod(stops, self.capacity)
+        lane, stop = (None, stops) if self.lanes == 1 else np.divmod(stops, self.capacity)
         rows = stop - lengths + 1
         return (rows % self._length if self.wraps() else rows), lane
 

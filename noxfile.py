@@ -21,7 +21,7 @@ any requirement pip takes, for example a wheel file or ``torch==2.13.0+cpu``:
     nox -s benchmark -- --full       # adds the 346M-transition rows (memory: python -m devtools bench --help)
     nox -s benchmark -- --compare BASELINE.json
     nox -s compare                   # stock vs patched outputs (pinning), side by side
-    nox -s upstream                  # each series of patches/ applied to its TorchRL's source, no runtime patching
+    nox -s upstream                  # patches/main/ applied to TorchRL main's source, no runtime patching
 
 ``benchmark``, ``compare`` and ``upstream`` run the repository's development tooling,
 ``python -m devtools``, from this folder.
@@ -68,7 +68,7 @@ def tests(session: nox.Session) -> None:
     _install(session, NEWEST)
     session.run(
         "python", "-m", "pytest", "--doctest-modules", "torchrl_fixes", "devtools", "tests",
-        "conformance", "--ignore=tests/ray",  # nox -s ray runs those
+        "conformance", "upstream", "--ignore=tests/ray",  # nox -s ray runs those
         *session.posargs,
     )
 
@@ -142,20 +142,20 @@ def benchmark(session: nox.Session) -> None:
 
 
 @nox.session
-@nox.parametrize("torchrl", [NEWEST, "nightly"])
-def upstream(session: nox.Session, torchrl: str) -> None:
-    """The upstream diffs, proven by the same suite with no runtime patching.
+def upstream(session: nox.Session) -> None:
+    """The upstream series, proven by the same suite with no runtime patching.
 
-    One run per series of ``patches/``: the 0.14.1 series with torchrl 0.14.1, the
-    ``patches/main/`` series with the pinned torchrl-nightly build. Checks that the
-    series is what the runtime fixes write, copies the installed TorchRL into a
-    temporary folder, applies the series with ``git apply``, then runs the conformance
-    suite and the speed benchmarks against that copy with ``TORCHRL_FIXES=0``. Stock,
-    for the comparison, is compiled from the untouched install
-    (``conformance/stock_source.py``). Arguments after ``--`` go to pytest.
+    ``patches/main/`` against TorchRL main as the pinned torchrl-nightly build has it:
+    checks that the series is what the runtime fixes and ``upstream/`` write
+    (``tests/test_upstream_patches.py``), copies the installed TorchRL into a temporary
+    folder, applies the series with ``git apply``, then runs the conformance suite, the
+    series' own test files and the speed benchmarks against that copy with
+    ``TORCHRL_FIXES=0``. Stock, for the comparison, is compiled from the untouched
+    install (``conformance/stock_source.py``). Arguments after ``--`` go to pytest.
     """
-    _install(session, torchrl)
+    _install(session, "nightly")
     session.run("python", "-m", "devtools", "export-patches", "--check")
+    session.run("python", "-m", "pytest", "tests/test_upstream_patches.py", "-q")
     work = os.path.abspath(session.create_tmp())
     source = os.path.join(work, "torchrl-patched")
     session.run("python", "-c", f"import shutil; shutil.rmtree({source!r}, ignore_errors=True)")
@@ -168,6 +168,8 @@ def upstream(session: nox.Session, torchrl: str) -> None:
         "TORCHRL_FIXES_STOCK_SOURCE": stock,
     }
     session.run("python", "-m", "pytest", "conformance", *session.posargs, env=env)
+    # the tests the pull requests add, as the patched tree holds them
+    session.run("python", "-m", "pytest", os.path.join(source, "test"), *session.posargs, env=env)
     session.run(
         "python", "-m", "devtools", "bench", "--out", os.path.join(work, "results"), env=env
     )

@@ -83,17 +83,16 @@ def parser() -> argparse.ArgumentParser:
 
     export = commands.add_parser(
         "export-patches",
-        help="write the upstream diffs of patches/ from the runtime fixes",
-        description="Writes patches/0002 and later from the runtime fixes and the installed "
-        "TorchRL, untouched: patches/ with torchrl 0.14.1 installed, patches/main/ with the "
-        "pinned torchrl-nightly build.",
+        help="write the upstream series, patches/main/, from the runtime fixes",
+        description="Writes patches/main/ from the runtime fixes, upstream/ and the installed "
+        "TorchRL, untouched: the pinned torchrl-nightly build of TorchRL main.",
     )
     export.add_argument(
         "--check",
         action="store_true",
         help="write nothing; exit 1 if a patch in the folder is not what the fixes write",
     )
-    export.add_argument("--patches", type=Path, default=None, help="the patches folder (default: the installed TorchRL's series, patches/ for 0.14.1, patches/main/ for the nightly)")
+    export.add_argument("--patches", type=Path, default=None, help="the patches folder (default: patches/main/)")
 
     copy = commands.add_parser(
         "patched-copy",
@@ -102,7 +101,7 @@ def parser() -> argparse.ArgumentParser:
         "order, and prints the untouched installed package's folder (the stock source).",
     )
     copy.add_argument("dest", type=Path, help="the folder to copy TorchRL into")
-    copy.add_argument("--patches", type=Path, default=None, help="the patches folder (default: patches/)")
+    copy.add_argument("--patches", type=Path, default=None, help="the patches folder (default: patches/main/)")
     return top
 
 

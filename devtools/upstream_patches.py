@@ -1,31 +1,35 @@
-"""The upstream diffs in ``patches/``, written from the runtime fixes' own code.
+"""The upstream series in ``patches/main/``, written from the runtime fixes' own code.
 
-``python -m devtools export-patches`` reads the installed TorchRL's source (it
-must be the release the patches target, untouched), applies the edits listed here
-file by file, and writes one unified diff per fix. The edits take their code from
-the runtime fixes: modules are copied (imports rewritten to TorchRL's paths),
-functions are the runtime functions' source, and the statements put inline into
-TorchRL's methods are the ones the runtime wrappers run
+``python -m devtools export-patches`` reads the installed TorchRL's source (the
+pinned ``torchrl-nightly`` build of TorchRL main, untouched), applies the edits
+listed here file by file, and writes one unified diff per pull request. The edits
+take their code from the runtime fixes: modules are copied (imports rewritten to
+TorchRL's paths), functions are the runtime functions' source, and the statements
+put inline into TorchRL's methods are the ones the runtime wrappers run
 (:data:`torchrl_fixes.fixes.slice_boundary_index.INLINE_HOOKS`). So the diffs and the
 runtime fixes cannot say different things: ``export-patches --check`` fails when the
-files in ``patches/`` are not what the fixes write today.
+files in ``patches/main/`` are not what the fixes write today.
+
+Each pull request also adds its tests and benchmarks: the files under ``upstream/``
+of this repository, at the paths they take in pytorch/rl (``upstream/test/rb/x.py``
+becomes ``test/rb/x.py``), listed per patch in :data:`UPSTREAM_FILES`. They run
+here against the runtime fix (``upstream/conftest.py``) and go into the diff as
+they are, with their imports of the runtime's new modules pointed at TorchRL's.
 
 The configurations a patch leaves to the code it replaces are rendered from the
 fix's declaration (:attr:`torchrl_fixes.registry.Fix.fallbacks`), as ``status()``
 prints them.
 
-``0001-pinned-sample-output.patch`` is written by hand; its functions are checked
-against the runtime fix by source fingerprint (``tests/test_upstream_patches.py``).
-The patches are applied in order, each to the source the earlier ones produced.
-
-There is one series per TorchRL source (:data:`SERIES`): ``patches/`` for the 0.14.1
-release, ``patches/main/`` for TorchRL main as the pinned ``torchrl-nightly`` build
-has it. Each is written, checked and applied with that TorchRL installed.
+``0001-pinned-sample-output.patch`` is written by hand, apart from its test files;
+its functions are checked against the runtime fix by source fingerprint
+(``tests/test_upstream_patches.py``). The patches are applied in order, each to the
+source the earlier ones produced.
 """
 from __future__ import annotations
 
 import ast
 import importlib
+import re
 import inspect
 import os
 import shutil
@@ -47,7 +51,7 @@ class Series:
     """One series of upstream patches: the TorchRL source it applies to, and its files.
 
     Attributes:
-        name (str): how the series is named (``"0.14.1"``, ``"main"``).
+        name (str): how the series is named (``"main"``).
         torchrl (str): the installed TorchRL version the series is written against.
         label (str): that source, in words, for the patch headers.
         folder (Path): where its generated patches live.
@@ -61,18 +65,30 @@ class Series:
     hand_written: tuple[Path, ...]
 
 
-# The pinning patch is written by hand and applies to both sources as it is.
-_PIN_PATCH = PATCHES_DIR / "0001-pinned-sample-output.patch"
+# The series: pull requests against TorchRL main, as the pinned nightly builds it.
+# The pinning patch is written by hand, apart from its test files.
+_MAIN = PATCHES_DIR / "main"
 SERIES = (
-    Series("0.14.1", "0.14.1", "torchrl 0.14.1", PATCHES_DIR, (_PIN_PATCH,)),
     Series(
         "main",
         NIGHTLY_VERSION,
         f"torchrl main (as built by {NIGHTLY[0]})",
-        PATCHES_DIR / "main",
-        (_PIN_PATCH,),
+        _MAIN,
+        (_MAIN / "0001-pinned-sample-output.patch",),
     ),
 )
+
+# The files each pull request adds outside torchrl/ (its tests and benchmarks), by
+# patch number: paths in pytorch/rl, kept in this repository under upstream/.
+UPSTREAM_DIR = Path(__file__).resolve().parent.parent / "upstream"
+UPSTREAM_FILES: dict[int, tuple[str, ...]] = {
+    1: (),
+    2: (),
+    3: (),
+    4: (),
+}
+# upstream/ test files import the runtime's new modules; in TorchRL they live here.
+_UPSTREAM_IMPORT = re.compile(r"^from torchrl_fixes\.(\w+) import", re.MULTILINE)
 
 _LICENSE = """\
 # Copyright (c) Meta Platforms, Inc. and affiliates.
@@ -339,6 +355,39 @@ def _module_text(new: NewModule) -> str:
     return _LICENSE + text
 
 
+def upstream_file_text(path: str) -> str:
+    """The text a pull request adds at ``path`` (in pytorch/rl) from ``upstream/<path>``."""
+    source = UPSTREAM_DIR / path
+    if not source.is_file():
+        raise ExportError(f"{path} is listed in UPSTREAM_FILES but upstream/{path} does not exist")
+    text = _UPSTREAM_IMPORT.sub(rf"from {_RB_MODULE}.\1 import", source.read_text())
+    if "torchrl_fixes" in text:
+        line = next(line for line in text.splitlines() if "torchrl_fixes" in line)
+        raise ExportError(f"upstream/{path} still names torchrl_fixes: {line.strip()!r}")
+    return text
+
+
+def unlisted_upstream_files() -> list[str]:
+    """Files under ``upstream/`` that no patch of :data:`UPSTREAM_FILES` adds."""
+    listed = {path for paths in UPSTREAM_FILES.values() for path in paths}
+    present = {
+        str(path.relative_to(UPSTREAM_DIR))
+        for path in UPSTREAM_DIR.rglob("*.py")
+        if path.name != "conftest.py" or path.parent != UPSTREAM_DIR
+    }
+    return sorted(present - listed)
+
+
+def _sections(diff: str) -> tuple[str, dict[str, str]]:
+    """A patch's header, and its per-file sections by the path they write (or delete)."""
+    head, *parts = re.split(r"^(?=diff --git )", diff, flags=re.MULTILINE)
+    sections = {}
+    for part in parts:
+        written = _paths_written(part) or [part.split("\n", 1)[0].split(" a/", 1)[1].split(" b/")[0]]
+        sections[written[0]] = part
+    return head, sections
+
+
 # ---------------------------------------------------------------------------
 # The patches
 # ---------------------------------------------------------------------------
@@ -561,21 +610,31 @@ def _git_apply(root: Path, patch: Path) -> None:
 
 
 def render(site: Path | None = None) -> dict[str, str]:
-    """Patch file name -> its text, for every generated patch of the installed TorchRL's series."""
+    """Patch file name -> its text, for every patch of the installed TorchRL's series.
+
+    A hand-written patch keeps its header and library diff as written; the files it
+    adds from ``upstream/`` are written afresh, as they are for the generated ones.
+    """
     site = site or installed_torchrl_root()
     series = installed_series()
+    unlisted = unlisted_upstream_files()
+    if unlisted:
+        raise ExportError(f"no patch adds upstream/{unlisted[0]}: list it in UPSTREAM_FILES")
     files: dict[str, str] = {}  # repository path -> text, as the earlier patches leave it
     rendered: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as tmp:
         tree = Path(tmp)
-        hand = list(series.hand_written)
-        paths = [path for patch in hand for path in _paths_written(patch.read_text())]
-        for path in paths:
-            (tree / path).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(site / path, tree / path)
-        for patch in hand:
-            _git_apply(tree, patch)
-        files.update({path: (tree / path).read_text() for path in paths})
+        for patch in series.hand_written:
+            head, sections = _sections(patch.read_text())
+            library = {path: text for path, text in sections.items() if path.startswith("torchrl/")}
+            for path in library:
+                (tree / path).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(site / path, tree / path)
+            library_diff = head + "".join(library.values())
+            (tree / "library.patch").write_text(library_diff)
+            _git_apply(tree, tree / "library.patch")
+            files.update({path: (tree / path).read_text() for path in library})
+            rendered[patch.name] = library_diff + _upstream_diff(_patch_number(patch.name))
 
     def current(path: str) -> str | None:
         if path in files:
@@ -602,8 +661,19 @@ def render(site: Path | None = None) -> dict[str, str]:
             before[path] = text
             after[path] = _apply_edits(text, edits)
         files.update(after)
+        after.update({path: upstream_file_text(path) for path in UPSTREAM_FILES[patch.number]})
         rendered[patch.filename] = _header(patch, series) + "\n" + _git_diff(before, after)
-    return rendered
+    return dict(sorted(rendered.items()))
+
+
+def _patch_number(filename: str) -> int:
+    return int(filename.split("-", 1)[0])
+
+
+def _upstream_diff(number: int) -> str:
+    """The diff that adds patch ``number``'s files from ``upstream/``."""
+    paths = UPSTREAM_FILES[number]
+    return _git_diff({}, {path: upstream_file_text(path) for path in paths}) if paths else ""
 
 
 FALLBACKS = "{fallbacks}"
@@ -640,9 +710,7 @@ def _header(patch: UpstreamPatch, series: Series) -> str:
 def series_patches(series: Series, folder: Path | None = None) -> list[Path]:
     """Every patch of ``series``, in the order they apply (``folder`` replaces its own)."""
     folder = Path(folder) if folder is not None else series.folder
-    hand = {patch.name: patch for patch in series.hand_written}
-    generated = {p.name: p for p in folder.glob("[0-9][0-9][0-9][0-9]-*.patch")}
-    return [{**generated, **hand}[name] for name in sorted({**generated, **hand})]
+    return sorted(folder.glob("[0-9][0-9][0-9][0-9]-*.patch"))
 
 
 def patched_copy(dest: Path, patches_dir: Path | None = None) -> Path:
@@ -676,8 +744,8 @@ def _paths_written(diff: str) -> list[str]:
 
 
 def export(out: Path | None = None, *, check: bool = False) -> list[str]:
-    """Writes the generated patches of the installed TorchRL's series to ``out`` (its folder
-    by default); with ``check``, lists those that differ instead.
+    """Writes the patches of the installed TorchRL's series to ``out`` (its folder by
+    default); with ``check``, lists those that differ instead.
 
     Returns:
         The file names written (or, with ``check``, out of date).

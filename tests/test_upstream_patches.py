@@ -1,4 +1,4 @@
-"""The upstream diffs apply to TorchRL 0.14.1 and carry the runtime fixes' code.
+"""The upstream series applies to TorchRL main and carries the runtime fixes' code.
 
 Each patch is applied with ``git apply -p1`` to a copy of the installed TorchRL's
 files. The generated patches must be byte for byte what ``export-patches`` writes
@@ -23,15 +23,21 @@ import torchrl_fixes
 from devtools import upstream_patches
 from devtools.torchrl_matrix import NIGHTLY_VERSION
 from torchrl_fixes.fixes import pinned_sample_output as pinned
-from torchrl_fixes.fixes.slice_boundary_index import INLINE_HOOKS, SAMPLE_HOOKS, SliceBoundaryIndex
+from torchrl_fixes.fixes.slice_boundary_index import (
+    INLINE_HOOKS,
+    SAMPLE_HOOKS,
+    SAMPLE_UNIT_HOOKS,
+    SliceBoundaryIndex,
+)
 from torchrl_fixes.source_fingerprint import fingerprint_source, source_fingerprint
 from torchrl_fixes.versions import installed_version
 
-PATCHES = Path(__file__).resolve().parent.parent / "patches"
+PATCHES = upstream_patches.SERIES[0].folder
 
 pytestmark = pytest.mark.skipif(
-    str(installed_version("torchrl")) != "0.14.1" or shutil.which("git") is None,
-    reason="the patches target TorchRL 0.14.1 and are applied with git",
+    str(installed_version("torchrl")) != NIGHTLY_VERSION or shutil.which("git") is None,
+    reason=f"the series targets TorchRL main as torchrl-nightly {NIGHTLY_VERSION} builds it, "
+    "and is applied with git",
 )
 
 
@@ -54,7 +60,7 @@ def patched_torchrl(tmp_path):
 
 
 def test_patches_apply_in_order(patched_torchrl):
-    """Every patch applies cleanly, in order, to TorchRL 0.14.1."""
+    """Every patch applies cleanly, in order, to TorchRL main."""
     assert (patched_torchrl / "torchrl/data/replay_buffers/utils.py").is_file()
 
 
@@ -96,10 +102,11 @@ def test_warning_differs_only_in_category(patched_torchrl):
 
 
 def test_generated_patches_are_what_the_fixes_write():
-    """patches/0002 to 0004 are exactly what export-patches writes from the runtime fixes."""
+    """patches/main/ is exactly what export-patches writes from the runtime fixes and upstream/."""
     rendered = upstream_patches.render()
-    assert sorted(rendered) == [
-        "0002-slice-boundary-index.patch", "0003-single-gather.patch", "0004-slice-sample-order.patch"
+    assert list(rendered) == [
+        "0001-pinned-sample-output.patch", "0002-slice-boundary-index.patch",
+        "0003-single-gather.patch", "0004-slice-sample-order.patch",
     ]
     for name, text in rendered.items():
         assert (PATCHES / name).read_text() == text, f"{name} is out of date: run export-patches"
@@ -116,9 +123,11 @@ def _parsed(statements) -> list[str]:
 def test_inline_hooks_are_what_the_runtime_wrappers_run():
     """Each method the slice patch edits runs, around the stock code, what its runtime wrapper runs."""
     wrappers = {
-        f"{rep.owner.__name__}.{rep.name}": rep.new for rep in SliceBoundaryIndex().plan()
+        # a static method's replacement is the staticmethod around the wrapper
+        f"{rep.owner.__name__}.{rep.name}": getattr(rep.new, "__func__", rep.new)
+        for rep in SliceBoundaryIndex().plan()
     }
-    hooks = {**INLINE_HOOKS, **SAMPLE_HOOKS}
+    hooks = {**INLINE_HOOKS, **SAMPLE_HOOKS, **SAMPLE_UNIT_HOOKS}
     assert {qualname for _, qualname in hooks} == set(wrappers)
     for (_, qualname), (before, after) in hooks.items():
         # the code object: inspect would follow functools.wraps to the stock method
@@ -139,7 +148,9 @@ def test_patch_edits_only_add_the_hooks(patched_torchrl):
     import torchrl
 
     site = Path(torchrl.__file__).parent
-    for (path, qualname), (before, after) in {**INLINE_HOOKS, **SAMPLE_HOOKS}.items():
+    for (path, qualname), (before, after) in {
+        **INLINE_HOOKS, **SAMPLE_HOOKS, **SAMPLE_UNIT_HOOKS
+    }.items():
         cls, name = qualname.split(".")
         hooks = set(_parsed(before) + _parsed(after))
         patched_file = patched_torchrl / "torchrl/data/replay_buffers" / path
@@ -170,7 +181,7 @@ def _methods(path: Path, cls: str, name: str) -> list[ast.FunctionDef]:
     ],
 )
 def test_each_patch_needs_only_what_it_declares(name, tmp_path):
-    """A patch applies to TorchRL 0.14.1 with only the patches its header names applied first."""
+    """A patch applies to TorchRL main with only the patches its header names applied first."""
     import torchrl
 
     site = Path(torchrl.__file__).parent.parent
@@ -255,21 +266,41 @@ def test_patched_copy_inside_a_git_work_tree(tmp_path):
     assert "_read_entries" in (dest / "torchrl/data/replay_buffers/samplers/slice.py").read_text()
 
 
-def test_each_series_lists_its_patches_in_order():
-    """patches/ holds a series per TorchRL source; the pinning patch, written by hand, serves both."""
-    by_name = {series.name: series for series in upstream_patches.SERIES}
-    assert upstream_patches.installed_series() is by_name["0.14.1"]
-    expected = {
-        "0.14.1": ["0001-pinned-sample-output.patch", "0002-slice-boundary-index.patch",
-                   "0003-single-gather.patch", "0004-slice-sample-order.patch"],
-        "main": ["0001-pinned-sample-output.patch", "main/0002-slice-boundary-index.patch",
-                 "main/0003-single-gather.patch", "main/0004-slice-sample-order.patch"],
-    }
-    for name, files in expected.items():
-        listed = upstream_patches.series_patches(by_name[name])
-        assert [str(p.relative_to(upstream_patches.PATCHES_DIR)) for p in listed] == files
-        assert all(p.is_file() for p in listed)
-    assert by_name["main"].torchrl == NIGHTLY_VERSION
+def test_the_series_lists_its_patches_in_order():
+    """patches/main/ holds the whole series, 0001 included, in merge order."""
+    (series,) = upstream_patches.SERIES
+    assert upstream_patches.installed_series() is series
+    listed = upstream_patches.series_patches(series)
+    assert [p.name for p in listed] == [
+        "0001-pinned-sample-output.patch", "0002-slice-boundary-index.patch",
+        "0003-single-gather.patch", "0004-slice-sample-order.patch",
+    ]
+    assert series.torchrl == NIGHTLY_VERSION
+
+
+def test_every_upstream_file_goes_into_one_patch(monkeypatch, tmp_path):
+    """A file under upstream/ that no patch lists stops the export, naming the file."""
+    assert upstream_patches.unlisted_upstream_files() == []
+    (tmp_path / "test" / "rb").mkdir(parents=True)
+    (tmp_path / "test" / "rb" / "test_new.py").write_text("def test_it():\n    pass\n")
+    monkeypatch.setattr(upstream_patches, "UPSTREAM_DIR", tmp_path)
+    with pytest.raises(upstream_patches.ExportError, match="upstream/test/rb/test_new.py"):
+        upstream_patches.render()
+
+
+def test_upstream_files_import_torchrl_not_the_runtime(monkeypatch, tmp_path):
+    """An upstream file's imports of the runtime's modules are TorchRL's in the patch."""
+    (tmp_path / "test").mkdir()
+    (tmp_path / "test" / "test_x.py").write_text(
+        "from torchrl_fixes.trajectory_order import TrajectoryOrder\n"
+    )
+    monkeypatch.setattr(upstream_patches, "UPSTREAM_DIR", tmp_path)
+    assert upstream_patches.upstream_file_text("test/test_x.py") == (
+        "from torchrl.data.replay_buffers.trajectory_order import TrajectoryOrder\n"
+    )
+    (tmp_path / "test" / "test_x.py").write_text("import torchrl_fixes\n")
+    with pytest.raises(upstream_patches.ExportError, match="still names torchrl_fixes"):
+        upstream_patches.upstream_file_text("test/test_x.py")
 
 
 def test_no_series_for_the_installed_torchrl_is_one_clear_error(monkeypatch):
@@ -278,5 +309,5 @@ def test_no_series_for_the_installed_torchrl_is_one_clear_error(monkeypatch):
     with pytest.raises(upstream_patches.ExportError) as excinfo:
         upstream_patches.installed_series()
     message = str(excinfo.value)
-    assert "TorchRL 0.13.3" in message and "0.14.1" in message and "main" in message
+    assert "TorchRL 0.13.3" in message and "main" in message
     assert "\n" not in message

@@ -29,18 +29,24 @@ from __future__ import annotations
 
 import ast
 import importlib
-import re
 import inspect
 import os
+import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from devtools.torchrl_matrix import NIGHTLY, NIGHTLY_VERSION
+from devtools.torchrl_matrix import (
+    NIGHTLY,
+    NIGHTLY_VERSION,
+    UPSTREAM_FORMATTER,
+    UPSTREAM_USORT_CONFIG,
+)
 
 RB = "torchrl/data/replay_buffers"
 PATCHES_DIR = Path(__file__).resolve().parent.parent / "patches"
@@ -660,10 +666,36 @@ def render(site: Path | None = None) -> dict[str, str]:
                 raise ExportError(f"{path} is not in {series.label}")
             before[path] = text
             after[path] = _apply_edits(text, edits)
+        after.update(_formatted({path: text for path, text in after.items() if path.endswith(".py")}))
         files.update(after)
         after.update({path: upstream_file_text(path) for path in UPSTREAM_FILES[patch.number]})
         rendered[patch.filename] = _header(patch, series) + "\n" + _git_diff(before, after)
     return dict(sorted(rendered.items()))
+
+
+def _formatted(files: dict[str, str]) -> dict[str, str]:
+    """``files`` (repository path -> text) as upstream's ufmt (black + usort) writes them.
+
+    The files are laid out at their paths beside usort's configuration, as in a
+    pytorch/rl checkout, so that the formatter sorts their imports as upstream's
+    pre-commit does.
+    """
+    if not files:
+        return {}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        (root / "pyproject.toml").write_text(UPSTREAM_USORT_CONFIG)
+        for path, text in files.items():
+            (root / path).parent.mkdir(parents=True, exist_ok=True)
+            (root / path).write_text(text)
+        result = subprocess.run(
+            [sys.executable, "-m", "ufmt", "format", *files], cwd=root, capture_output=True, text=True
+        )
+        if result.returncode:
+            needs = " ".join(UPSTREAM_FORMATTER)
+            raise ExportError(f"upstream's formatter did not run (pip install {needs}): "
+                              + (result.stderr.strip().splitlines() or ["no output"])[-1])
+        return {path: (root / path).read_text() for path in files}
 
 
 def _patch_number(filename: str) -> int:

@@ -41,28 +41,29 @@ import dataclasses
 import functools
 import logging
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
 from tensordict import TensorDictBase, unravel_key
 
 from torchrl_fixes.storage_boundaries import (
-    _END_KEY,
-    _INCREMENTAL,
-    _REPLAY_BOUNDARY_CACHE,
-    _REPLAY_BOUNDARY_CACHE_LOCK,
-    StorageBoundaries,
     _column_signal,
     _end_column,
+    _END_KEY,
     _id_column,
+    _INCREMENTAL,
     _mutation_revision,
     _refresh_agreement,
+    _REPLAY_BOUNDARY_CACHE,
+    _REPLAY_BOUNDARY_CACHE_LOCK,
     _row_shape,
     _stamp,
     _storage_boundaries,
     _unseen_writes_reason,
     _Unsupported,
+    StorageBoundaries,
 )
 from torchrl_fixes.trajectory_boundaries import TrajectoryBoundaries
 
@@ -104,7 +105,9 @@ def _signal(sampler, storage) -> tuple[str, Any, Callable, int, torch.device]:
     if sampler._fetch_traj:
         from torchrl.data.replay_buffers.storages import TensorStorage
 
-        if isinstance(storage, TensorStorage) and "_used_traj_key" in dir(type(sampler)):
+        if isinstance(storage, TensorStorage) and "_used_traj_key" in dir(
+            type(sampler)
+        ):
             key = sampler._used_traj_key
         else:
             key = sampler.traj_key
@@ -129,12 +132,16 @@ def _signal(sampler, storage) -> tuple[str, Any, Callable, int, torch.device]:
 
 def _may_read_end_flags(sampler) -> bool:
     """Whether ``sampler`` names no key, so that the done flags may stand in for its ids."""
-    if sampler.__dict__.get(_TRAJ_KEY_NAMED, True) or getattr(sampler, "end_keys", None):
+    if sampler.__dict__.get(_TRAJ_KEY_NAMED, True) or getattr(
+        sampler, "end_keys", None
+    ):
         return False
     return sampler.end_key is not None and unravel_key(sampler.end_key) == _END_KEY
 
 
-def _agreeing_end_flags(sampler, storage, boundaries, id_key, length, at_capacity, cursor):
+def _agreeing_end_flags(
+    sampler, storage, boundaries, id_key, length, at_capacity, cursor
+):
     """``(key, signal)`` of end flags that give the same boundaries as ``id_key``, or None.
 
     Asked only for samplers that name no key (:func:`_may_read_end_flags`): a key
@@ -145,7 +152,9 @@ def _agreeing_end_flags(sampler, storage, boundaries, id_key, length, at_capacit
         return None
     if not _refresh_agreement(storage, id_key, agreement, length):
         return None
-    if not agreement.disagreements.agree(length=length, at_capacity=at_capacity, cursor=cursor):
+    if not agreement.disagreements.agree(
+        length=length, at_capacity=at_capacity, cursor=cursor
+    ):
         if not agreement.logged:
             agreement.logged = True
             logger.info(
@@ -220,9 +229,12 @@ def _classes_fallback_reason(sampler_cls: type, storage_cls: type) -> str | None
 
 @functools.cache
 def _revision_owners() -> dict[str, tuple[type, ...]]:
-    """Method name -> the classes whose definition of it moves the mutation revision
-    (and, for ``set``, records the rows it writes)."""
-    from torchrl.data.replay_buffers.storages import LazyMemmapStorage, Storage, TensorStorage
+    """Method name -> the classes whose definition of it moves the mutation revision (and, for ``set``, records the rows it writes)."""
+    from torchrl.data.replay_buffers.storages import (
+        LazyMemmapStorage,
+        Storage,
+        TensorStorage,
+    )
 
     return {
         "set": (TensorStorage,),
@@ -247,8 +259,10 @@ def _boundary_index_boundaries(sampler, storage):
 
 
 def _query_index(sampler, storage, query: Callable):
-    """``query(index, signal, device=device, **geometry)`` on the storage's index for
-    ``sampler``, under its lock; ``device`` is where stock leaves the boundaries.
+    """``query(index, signal, device=device, **geometry)`` on the storage's index for ``sampler``, under its lock.
+
+    ``device`` is where stock leaves the boundaries.
+
 
     What the query is asked with (the signal, the index, the geometry) is found
     once and kept in a :class:`_QueryPlan`: until the storage changes otherwise
@@ -265,9 +279,11 @@ def _query_index(sampler, storage, query: Callable):
 
 @dataclasses.dataclass(slots=True, weakref_slot=True)
 class _QueryPlan:
-    """What :func:`_query_index` finds for a sampler on a storage: the index, the
-    signal it reads, the geometry it is asked with and the mutation revision that
-    geometry was read at.
+    """What :func:`_query_index` finds for a sampler on a storage.
+
+    The index, the signal it reads, the geometry it is asked with and the mutation
+    revision that geometry was read at.
+
 
     The storage's :class:`StorageBoundaries` holds it, so that it lives no longer
     than the storage; the sampler finds it through :data:`_LAST_PLANS`.
@@ -371,7 +387,9 @@ def _geometry(storage, lanes: int) -> dict:
     if length < 2:
         raise _Unsupported("fewer than two stored rows")
     cursor_name = (
-        "_last_cursor_index" if hasattr(type(storage), "_last_cursor_index") else "_last_cursor"
+        "_last_cursor_index"
+        if hasattr(type(storage), "_last_cursor_index")
+        else "_last_cursor"
     )
     at_capacity = bool(storage._is_full)
     cursor = getattr(storage, cursor_name, None) if at_capacity else None
@@ -402,7 +420,11 @@ def _plan_and_query(sampler, storage, query: Callable):
     if reason is not None:
         _log_fallback(reason)
         return None
-    length, at_capacity, cursor = geometry["length"], geometry["at_capacity"], geometry["cursor"]
+    length, at_capacity, cursor = (
+        geometry["length"],
+        geometry["at_capacity"],
+        geometry["cursor"],
+    )
     boundaries = _storage_boundaries(storage)
     agreement = None
     with boundaries.lock:

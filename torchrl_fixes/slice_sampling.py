@@ -49,7 +49,9 @@ def _sample_from_index(sampler, storage, batch_size: int):
     if multiplier is not None:
         batch_size = batch_size * multiplier
     result = _query_index(
-        sampler, storage, functools.partial(_sample_trajectories, sampler, storage, batch_size)
+        sampler,
+        storage,
+        functools.partial(_sample_trajectories, sampler, storage, batch_size),
     )
     if result is None:
         return None
@@ -60,10 +62,16 @@ def _sample_from_index(sampler, storage, batch_size: int):
 
 
 def _sample_trajectories(
-    sampler, storage, batch_size: int, index: TrajectoryBoundaries, signal, *, device, **geometry
+    sampler,
+    storage,
+    batch_size: int,
+    index: TrajectoryBoundaries,
+    signal,
+    *,
+    device,
+    **geometry,
 ):
-    """The index and info of a slice sample of the trajectories ``sampler`` draws from
-    ``index``'s order (``None`` where there is none to draw: stock raises its error).
+    """The index and info of a slice sample of the trajectories ``sampler`` draws from ``index``'s order (``None`` where there is none to draw: stock raises its error).
 
     The draw runs on ``device``, where stock's lengths are and so its draw, with
     the same generator; only the drawn ranks come to the host, and only the drawn
@@ -76,7 +84,9 @@ def _sample_trajectories(
     count = order.count(min_length)
     if not count:
         return None
-    traj_idx = torch.randint(count, (num_slices,), device=device, generator=sampler._rng)
+    traj_idx = torch.randint(
+        count, (num_slices,), device=device, generator=sampler._rng
+    )
     storage_length = geometry["length"]  # the valid rows along dim 0: storage.shape[0]
     if (
         device.type == "cpu"
@@ -88,17 +98,27 @@ def _sample_trajectories(
         stops, lengths = order.select_stops(traj_idx.numpy(), min_length)
         rows, lanes = order.first_rows(stops, lengths)
         return _fixed_length_index(
-            sampler, rows, lanes, lengths, seq_length, storage_length, storage, wraps=order.wraps()
+            sampler,
+            rows,
+            lanes,
+            lengths,
+            seq_length,
+            storage_length,
+            storage,
+            wraps=order.wraps(),
         )
     start_idx, stop_idx, lengths = order.select(traj_idx.cpu(), min_length)
     if too_short:
         # one of the shortest, never drawn: _sample_slices sees that some are too short
         shortest = order.select(torch.tensor([order.shortest_rank()]))
         start_idx, stop_idx, lengths = (
-            torch.cat([drawn, extra]) for drawn, extra in zip((start_idx, stop_idx, lengths), shortest)
+            torch.cat([drawn, extra])
+            for drawn, extra in zip((start_idx, stop_idx, lengths), shortest)
         )
     if device.type != "cpu":
-        start_idx, stop_idx, lengths = (t.to(device) for t in (start_idx, stop_idx, lengths))
+        start_idx, stop_idx, lengths = (
+            t.to(device) for t in (start_idx, stop_idx, lengths)
+        )
     return sampler._sample_slices(
         lengths,
         start_idx,
@@ -122,11 +142,11 @@ def _fixed_length_index(
     *,
     wraps: bool = True,
 ):
-    """What ``_get_index`` returns for slices of ``seq_length`` steps inside the drawn
-    trajectories, which start at ``rows`` (and ``lanes``, for two-dimensional
-    storages) and hold ``lengths`` rows, all on the CPU. Where no trajectory
-    ``wraps`` around the storage's end and float32 holds every room exactly, no
-    slice does.
+    """What ``_get_index`` returns for slices of ``seq_length`` steps inside the drawn trajectories, which start at ``rows`` (and ``lanes``, for two-dimensional storages) and hold ``lengths`` rows, all on the CPU.
+
+    Where no trajectory ``wraps`` around the storage's end and float32 holds every room
+    exactly, no slice does.
+
 
     The same ``torch.rand`` draw, from the same generator, places each slice in its
     trajectory, with the float32 arithmetic stock uses; the index is the one
@@ -136,11 +156,15 @@ def _fixed_length_index(
     uniform = torch.rand(num_slices, generator=sampler._rng).numpy()
     starts = rows + _relative_starts(uniform, lengths, seq_length)
     # torch owns the index, as it owns stock's; numpy writes it
-    index = torch.empty((num_slices * seq_length, 1 if lanes is None else 2), dtype=torch.long)
+    index = torch.empty(
+        (num_slices * seq_length, 1 if lanes is None else 2), dtype=torch.long
+    )
     slices = index.numpy().reshape(num_slices, seq_length, -1)
     steps = slices[:, :, 0]
     np.add(starts[:, None], np.arange(seq_length), out=steps)
-    if (wraps or storage_length > _FLOAT32_EXACT) and starts.max() > storage_length - seq_length:
+    if (
+        wraps or storage_length > _FLOAT32_EXACT
+    ) and starts.max() > storage_length - seq_length:
         # a slice of a trajectory that wraps around the storage's end, or one row
         # past its trajectory where float32 rounded the room up
         np.remainder(steps, storage_length, out=steps)
@@ -161,9 +185,10 @@ def _fixed_length_index(
 _FLOAT32_EXACT = 1 << 24
 
 
-def _relative_starts(uniform: np.ndarray, lengths: np.ndarray, seq_length: int) -> np.ndarray:
-    """Where slices of ``seq_length`` steps start in trajectories of ``lengths`` rows
-    (each at least ``seq_length``), from the float32 draws ``uniform``.
+def _relative_starts(
+    uniform: np.ndarray, lengths: np.ndarray, seq_length: int
+) -> np.ndarray:
+    """Where slices of ``seq_length`` steps start in trajectories of ``lengths`` rows (each at least ``seq_length``), from the float32 draws ``uniform``.
 
     ``_get_index``'s ``(uniform * room).floor().to(torch.int64)``, in numpy: torch
     promotes the int64 room to float32 and multiplies in float32, as here, and the
@@ -180,7 +205,10 @@ def _classes_index_reason(sampler_cls: type) -> str | None:
 
     if "_finalize_index" not in vars(SliceSampler):
         return "the info is built in _get_index (TorchRL before 0.14)"
-    if sampler_cls._tensor_slices_from_startend is not SliceSampler._tensor_slices_from_startend:
+    if (
+        sampler_cls._tensor_slices_from_startend
+        is not SliceSampler._tensor_slices_from_startend
+    ):
         return f"{sampler_cls.__name__} overrides _tensor_slices_from_startend"
     return None
 
@@ -190,7 +218,12 @@ def _classes_sampling_reason(sampler_cls: type) -> str | None:
     """Why ``sampler_cls`` must list every trajectory to sample (None: it need not)."""
     from torchrl.data.replay_buffers.samplers import SliceSampler
 
-    for name in ("_get_stop_and_length", "_adjusted_batch_size", "_sample_slices", "_get_index"):
+    for name in (
+        "_get_stop_and_length",
+        "_adjusted_batch_size",
+        "_sample_slices",
+        "_get_index",
+    ):
         if getattr(sampler_cls, name, None) is not getattr(SliceSampler, name, None):
             return f"{sampler_cls.__name__} overrides {name}"
     return None

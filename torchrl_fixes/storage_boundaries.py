@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -47,9 +48,9 @@ except ImportError:  # TorchRL before 0.14
         _REPLAY_BOUNDARY_CACHE_LOCK,
     )
 from torchrl_fixes.trajectory_boundaries import (
+    _host_array,
     EndFlagDisagreements,
     TrajectoryBoundaries,
-    _host_array,
 )
 
 # The key of the incremental entry in a storage's boundary cache.
@@ -205,7 +206,11 @@ def _record_write(storage, cursor, revision_before: int | None) -> None:
                 boundaries.reset()  # another write interleaved with this one
                 return
             rows = None
-            if boundaries.indexes or boundaries.agreements or not boundaries.pairs_decided:
+            if (
+                boundaries.indexes
+                or boundaries.agreements
+                or not boundaries.pairs_decided
+            ):
                 capacity = _capacity_along_dim0(storage)
                 rows = _written_rows(cursor, capacity) if capacity else None
             if rows is None:
@@ -266,7 +271,9 @@ def _end_column(data, key, ndim: int) -> torch.Tensor | None:
     if column.dtype != torch.bool:
         raise _Unsupported("end flags that are not booleans")
     # stock squeezes the flags: every batch dim must stay, extra dims must go
-    if any(s == 1 for s in column.shape[1:ndim]) or any(s != 1 for s in column.shape[ndim:]):
+    if any(s == 1 for s in column.shape[1:ndim]) or any(
+        s != 1 for s in column.shape[ndim:]
+    ):
         raise _Unsupported("end flags the stock code squeezes to another shape")
     return column
 
@@ -339,7 +346,9 @@ def _check_agreements(storage, boundaries: StorageBoundaries, rows) -> None:
         if disagreements.built:
             if disagreements.pending_rows >= _AGREEMENT_BATCH:
                 _refresh_agreement(storage, id_key, agreement, storage._len_along_dim0)
-        elif rows is not None and 4 * rows.numel() >= (length := storage._len_along_dim0):
+        elif rows is not None and 4 * rows.numel() >= (
+            length := storage._len_along_dim0
+        ):
             # Checking every stored row costs no more than this write: start over.
             _refresh_agreement(storage, id_key, agreement, length)
 

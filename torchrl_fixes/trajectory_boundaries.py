@@ -22,7 +22,7 @@ recovery (``SliceSampler._find_start_stop_traj``) returns from the whole signal.
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -36,28 +36,32 @@ _NO_KEYS = np.empty(0, dtype=np.int64)
 
 
 def _host_array(tensor: torch.Tensor) -> np.ndarray | None:
-    """``tensor`` as a numpy array sharing its memory, where it is on the CPU in a
-    dtype numpy has (``None`` otherwise)."""
+    """``tensor`` as a numpy array sharing its memory, where it is on the CPU in a dtype numpy has (``None`` otherwise)."""
     if tensor.device.type != "cpu":
         return None
     try:
         return tensor.numpy()
-    except (TypeError, RuntimeError):  # bfloat16 and the like; a tensor that requires grad
+    except (
+        TypeError,
+        RuntimeError,
+    ):  # bfloat16 and the like; a tensor that requires grad
         return None
 
 
 def _read(signal: Signal, rows: slice) -> np.ndarray | torch.Tensor:
-    """The signal of ``rows``: a slice of its numpy view (``signal.host``) where it
-    has one, costing a fraction of a tensor read, else ``signal(rows)``."""
+    """The signal of ``rows``: a slice of its numpy view (``signal.host``) where it has one, costing a fraction of a tensor read, else ``signal(rows)``."""
     host = getattr(signal, "host", None)
     return signal(rows) if host is None else host[rows]
 
 
 def _next_differs(values: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:
-    """Booleans shaped like ``values``: whether each row differs from the next one,
-    the last row from the first (around the ring). Compared in place, ``values``
-    are not copied: in numpy where they are on the CPU (several times faster than
-    torch on a whole column, one thread), else on their device."""
+    """Booleans shaped like ``values``.
+
+    Whether each row differs from the next one, the last row from the first (around the
+    ring). Compared in place, ``values`` are not copied: in numpy where they are on the
+    CPU (several times faster than torch on a whole column, one thread), else on their
+    device.
+    """
     host = values if isinstance(values, np.ndarray) else _host_array(values)
     if host is not None:
         differs = np.empty(host.shape, dtype=bool)
@@ -207,8 +211,12 @@ class TrajectoryBoundaries:
         """
         with self._lock:
             self._query(
-                signal, capacity=capacity, length=length, at_capacity=at_capacity,
-                cursor=cursor, lanes=lanes,
+                signal,
+                capacity=capacity,
+                length=length,
+                at_capacity=at_capacity,
+                cursor=cursor,
+                lanes=lanes,
             )
             if self._result is None:
                 self._result, self._placed = self._order.materialize(), None
@@ -216,7 +224,10 @@ class TrajectoryBoundaries:
             if device.type == "cpu":
                 return self._result
             if self._placed is None or self._placed[0] != device:
-                self._placed = (device, tuple(value.to(device) for value in self._result))
+                self._placed = (
+                    device,
+                    tuple(value.to(device) for value in self._result),
+                )
             return self._placed[1]
 
     def trajectories(
@@ -237,8 +248,12 @@ class TrajectoryBoundaries:
         """
         with self._lock:
             self._query(
-                signal, capacity=capacity, length=length, at_capacity=at_capacity,
-                cursor=cursor, lanes=lanes,
+                signal,
+                capacity=capacity,
+                length=length,
+                at_capacity=at_capacity,
+                cursor=cursor,
+                lanes=lanes,
             )
             return self._order
 
@@ -260,7 +275,9 @@ class TrajectoryBoundaries:
             changed = True
         return changed
 
-    def refresh(self, signal: Signal, *, capacity: int, length: int, lanes: int = 1) -> None:
+    def refresh(
+        self, signal: Signal, *, capacity: int, length: int, lanes: int = 1
+    ) -> None:
         """Brings the index up to date with ``signal`` now, building it if it is not built.
 
         Takes the arguments of :meth:`boundaries`; what a later query then costs
@@ -270,8 +287,11 @@ class TrajectoryBoundaries:
             self._update(signal, capacity=capacity, length=length, lanes=lanes)
 
     def _natural_all(self, signal: Signal, length: int) -> np.ndarray | torch.Tensor:
-        """``[length, lanes]`` booleans: whether the signal marks each valid row as an end
-        (numpy for a signal on the CPU, else a tensor on its device)."""
+        """``[length, lanes]`` booleans.
+
+        Whether the signal marks each valid row as an end (numpy for a signal on the
+        CPU, else a tensor on its device).
+        """
         values = _read(signal, slice(0, length))
         if self.kind == "end":
             return values.reshape(length, -1)
@@ -280,9 +300,10 @@ class TrajectoryBoundaries:
         return _next_differs(values).reshape(length, -1)
 
     def _keys(self, ends: np.ndarray | torch.Tensor, first: int = 0) -> np.ndarray:
-        """Sorted keys ``lane * capacity + row`` of the true entries of ``[k, lanes]``
-        ``ends``, the booleans of rows ``first`` to ``first + k - 1``. Ends on an
-        accelerator are found there: only their positions come to the host."""
+        """Sorted keys ``lane * capacity + row`` of the true entries of ``[k, lanes]`` ``ends``, the booleans of rows ``first`` to ``first + k - 1``.
+
+        Ends on an accelerator are found there: only their positions come to the host.
+        """
         host = ends if isinstance(ends, np.ndarray) else _host_array(ends)
         if self._lanes == 1:
             if host is not None:
@@ -305,7 +326,9 @@ class TrajectoryBoundaries:
         self._forced, self._forced_key = (), None
         self._pending, self._pending_rows = [], 0
 
-    def _update(self, signal: Signal, *, capacity: int, length: int, lanes: int) -> bool:
+    def _update(
+        self, signal: Signal, *, capacity: int, length: int, lanes: int
+    ) -> bool:
         """Brings the stored ends up to date with the signal; returns whether they changed."""
         if (
             self._order is None
@@ -338,7 +361,9 @@ class TrajectoryBoundaries:
             for lane in range(lanes):
                 offset = lane * capacity
                 order.replace(
-                    offset + first, offset + last, keys[lane_at[lane] : lane_at[lane + 1]]
+                    offset + first,
+                    offset + last,
+                    keys[lane_at[lane] : lane_at[lane + 1]],
                 )
         return True
 
@@ -349,8 +374,11 @@ class TrajectoryBoundaries:
         self._forced, self._forced_key = (), None
 
     def _force_stops(self, length: int, at_capacity: bool, cursor: int | None) -> None:
-        """Adds the stops the storage state makes: the last valid row of a storage that
-        is not full, the write cursor of a full one, the last row of a lane with no end."""
+        """Adds the stops the storage state makes.
+
+        The last valid row of a storage that is not full, the write cursor of a full
+        one, the last row of a lane with no end.
+        """
         self._unforce_stops()
         order = self._order
         order.length = length
@@ -428,7 +456,11 @@ class TrajectoryBoundaries:
         # storage is full and wraps.
         values = _read(signal, slice(first, last + 1))
         pieces = [values[1:], _read(signal, slice(0, 1))]
-        after = np.concatenate(pieces) if isinstance(values, np.ndarray) else torch.cat(pieces)
+        after = (
+            np.concatenate(pieces)
+            if isinstance(values, np.ndarray)
+            else torch.cat(pieces)
+        )
         return (values != after).reshape(count, -1)
 
 
@@ -478,7 +510,9 @@ class EndFlagDisagreements(TrajectoryBoundaries):
         with self._lock:
             order = self._order
             if order is None:
-                raise RuntimeError("the disagreements are not built; call refresh() first.")
+                raise RuntimeError(
+                    "the disagreements are not built; call refresh() first."
+                )
             count = len(order)
             if not count:
                 return True
@@ -498,7 +532,9 @@ class EndFlagDisagreements(TrajectoryBoundaries):
             return differs.reshape(length, -1)
         return (differs != ends.reshape(differs.shape)).reshape(length, -1)
 
-    def _natural_run(self, signal: Signal, first: int, last: int, length: int) -> torch.Tensor:
+    def _natural_run(
+        self, signal: Signal, first: int, last: int, length: int
+    ) -> torch.Tensor:
         count = last - first + 1
         if last + 1 < length:
             ids, ends = signal(slice(first, last + 2))

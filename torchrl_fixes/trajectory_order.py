@@ -148,14 +148,22 @@ class TrajectoryOrder:
         stops = np.asarray(stops, dtype=np.int64)
         n = len(self._chunks)
         first = int(self._lasts.searchsorted(lo))  # first chunk reaching lo
-        last = int(self._firsts.searchsorted(hi, side="right")) - 1  # last starting by hi
+        last = (
+            int(self._firsts.searchsorted(hi, side="right")) - 1
+        )  # last starting by hi
         if first == last:
             # within one chunk (most writes): that chunk alone is rewritten
             chunk = self._chunks[first]
             keys = np.concatenate(
-                [chunk[: chunk.searchsorted(lo)], stops, chunk[chunk.searchsorted(hi, side="right") :]]
+                [
+                    chunk[: chunk.searchsorted(lo)],
+                    stops,
+                    chunk[chunk.searchsorted(hi, side="right") :],
+                ]
             )
-            if self.load // 2 <= keys.size <= self.load or (n == 1 and 0 < keys.size <= self.load):
+            if self.load // 2 <= keys.size <= self.load or (
+                n == 1 and 0 < keys.size <= self.load
+            ):
                 self._rewrite(first, keys)
                 return
         if first > last:
@@ -166,7 +174,11 @@ class TrajectoryOrder:
                 first, last = 0, -1
             else:
                 first = last = min(first, n - 1)
-        keys = np.concatenate(self._chunks[first : last + 1]) if last >= first else stops[:0]
+        keys = (
+            np.concatenate(self._chunks[first : last + 1])
+            if last >= first
+            else stops[:0]
+        )
         cut_lo = int(keys.searchsorted(lo))
         cut_hi = int(keys.searchsorted(hi, side="right"))
         keys = np.concatenate([keys[:cut_lo], stops, keys[cut_hi:]])
@@ -183,8 +195,10 @@ class TrajectoryOrder:
         self._splice(first, last + 1, chunks)
 
     def _rewrite(self, c: int, keys: np.ndarray) -> None:
-        """Puts ``keys`` (a new array) in place of chunk ``c``'s, in its arena row:
-        :meth:`_splice` of one chunk by one."""
+        """Puts ``keys`` (a new array) in place of chunk ``c``'s, in its arena row.
+
+        :meth:`_splice` of one chunk by one.
+        """
         slot = self._slots[c]
         chunk = self._key_arena[slot, : keys.size]
         chunk[:] = keys
@@ -209,7 +223,9 @@ class TrajectoryOrder:
         count = len(chunks)
         self._free.extend(self._slots[begin:end].tolist())
         slots = [self._store(chunk) for chunk in chunks]
-        chunks = [self._key_arena[slot, : chunk.size] for slot, chunk in zip(slots, chunks)]
+        chunks = [
+            self._key_arena[slot, : chunk.size] for slot, chunk in zip(slots, chunks)
+        ]
         self._chunks[begin:end] = chunks
         self._chunk_lengths[begin:end] = [None] * count
         self._chunk_positions[begin:end] = [None] * count
@@ -252,7 +268,10 @@ class TrajectoryOrder:
                 [self._key_arena, np.empty((grown - rows, self.load), dtype=np.int64)]
             )
             self._length_arena = np.concatenate(
-                [self._length_arena, np.empty((grown - rows, self.load), dtype=np.int64)]
+                [
+                    self._length_arena,
+                    np.empty((grown - rows, self.load), dtype=np.int64),
+                ]
             )
             self._free.extend(range(grown - 1, rows - 1, -1))
             # the chunks are views of the old arenas
@@ -271,8 +290,10 @@ class TrajectoryOrder:
     # --------------------------------------------------------------- lengths
 
     def _lengths_of(self, keys: np.ndarray, previous: int | None) -> np.ndarray:
-        """The lengths of the trajectories stopping at ``keys`` (sorted), ``previous``
-        the stop before them; a lane's first trajectory gets 0 (see :meth:`_lanes`)."""
+        """The lengths of the trajectories stopping at ``keys`` (sorted), ``previous`` the stop before them.
+
+        A lane's first trajectory gets 0 (see :meth:`_lanes`).
+        """
         lengths = np.empty_like(keys)
         np.subtract(keys[1:], keys[:-1], out=lengths[1:])
         lengths[0] = keys[0] - previous if previous is not None else 0
@@ -295,7 +316,9 @@ class TrajectoryOrder:
             return
         for c in stale.tolist():
             lengths = self._length_arena[self._slots[c], : self._sizes[c]]
-            lengths[:] = self._lengths_of(self._chunks[c], int(self._lasts[c - 1]) if c else None)
+            lengths[:] = self._lengths_of(
+                self._chunks[c], int(self._lasts[c - 1]) if c else None
+            )
             self._chunk_lengths[c] = lengths
             self._chunk_positions[c] = None
             if lengths[0] and self.lanes == 1:
@@ -332,7 +355,9 @@ class TrajectoryOrder:
                 self._eligible.pop(next(iter(self._eligible)))
             if self._chunks:
                 long_enough = np.concatenate(self._chunk_lengths) >= min_length
-                eligible = np.add.reduceat(long_enough, np.cumsum(self._sizes) - self._sizes)
+                eligible = np.add.reduceat(
+                    long_enough, np.cumsum(self._sizes) - self._sizes
+                )
             else:
                 eligible = np.zeros(0, dtype=np.int64)
             self._eligible[min_length] = eligible
@@ -346,9 +371,12 @@ class TrajectoryOrder:
         return int(self._sizes[:c].sum()) + int(self._chunks[c].searchsorted(key))
 
     def _rank_places(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(ends, bases)``, kept until a write: the rank after each chunk's last stop,
-        and what turns a rank in a chunk into the position of its stop in the flat
-        arenas (``slot * load`` less the rank of the chunk's first stop)."""
+        """``(ends, bases)``, kept until a write.
+
+        The rank after each chunk's last stop, and what turns a rank in a chunk into the
+        position of its stop in the flat arenas (``slot * load`` less the rank of the
+        chunk's first stop).
+        """
         if self._places is None:
             ends = self._sizes.cumsum()
             self._places = (ends, self._slots * self.load - (ends - self._sizes))
@@ -390,13 +418,17 @@ class TrajectoryOrder:
                 self._wraps = self._wraps or length <= 0  # it starts after its stop
                 ranks.append(rank)
                 lengths.append(length if length > 0 else length + self._length)
-            self._lane_starts = (np.array(ranks, dtype=np.int64), np.array(lengths, dtype=np.int64))
+            self._lane_starts = (
+                np.array(ranks, dtype=np.int64),
+                np.array(lengths, dtype=np.int64),
+            )
         return self._lane_starts
 
     def wraps(self) -> bool:
-        """Whether a trajectory runs across the end of the valid rows onto the first ones
-        (the first of a lane, in a full storage): where none does, every trajectory
-        starts at ``stop - length + 1``."""
+        """Whether a trajectory runs across the end of the valid rows onto the first ones (the first of a lane, in a full storage).
+
+        Where none does, every trajectory starts at ``stop - length + 1``.
+        """
         self._lanes()
         return self._wraps
 
@@ -416,7 +448,10 @@ class TrajectoryOrder:
             self._refresh()
             _, lane_lengths = self._lanes()
             self._shortest = int(
-                min(self._mins.min(initial=_NO_LENGTH), lane_lengths.min(initial=_NO_LENGTH))
+                min(
+                    self._mins.min(initial=_NO_LENGTH),
+                    lane_lengths.min(initial=_NO_LENGTH),
+                )
             )
         if self._shortest == _NO_LENGTH:
             raise RuntimeError("no trajectory.")
@@ -454,14 +489,21 @@ class TrajectoryOrder:
         ranks = ranks.numpy() if isinstance(ranks, torch.Tensor) else np.asarray(ranks)
         return self._rows(*self.select_stops(ranks, min_length))
 
-    def select_stops(self, ranks: np.ndarray, min_length: int = 1) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`select` as numpy arrays: the stop keys of the ``ranks``-th trajectories
-        among those at least ``min_length`` rows long, and their lengths
-        (:meth:`first_rows` gives where they start)."""
+    def select_stops(
+        self, ranks: np.ndarray, min_length: int = 1
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`select` as numpy arrays.
+
+        The stop keys of the ``ranks``-th trajectories among those at least
+        ``min_length`` rows long, and their lengths (:meth:`first_rows` gives where they
+        start).
+        """
         ranks = ranks.astype(np.int64, copy=False)
         if min_length <= 1 and self.lanes == 1:
             return self._select_all(ranks)
-        eligible, ends, lane_ranks, lane_stops, lane_lengths = self._selection(max(min_length, 1))
+        eligible, ends, lane_ranks, lane_stops, lane_lengths = self._selection(
+            max(min_length, 1)
+        )
         # the number of lane firsts before each rank; a rank equal to one's is that one
         at = lane_ranks.searchsorted(ranks)
         wanted = ranks - at
@@ -479,7 +521,9 @@ class TrajectoryOrder:
         # in a chunk with trajectories too short (or first of a lane), the
         # position among the long enough ones
         if min_length <= 1 and self.lanes == 1:
-            within[mixed] += 1  # only the very first trajectory is left out, at position 0
+            within[
+                mixed
+            ] += 1  # only the very first trajectory is left out, at position 0
         else:
             for i in mixed.nonzero()[0].tolist():
                 within[i] = self._positions(int(chunk_of[i]), min_length)[within[i]]
@@ -492,8 +536,11 @@ class TrajectoryOrder:
         return stops, lengths
 
     def _select_all(self, ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`select_stops` among every trajectory of one lane: the rank is the
-        stop's position, and the first one's length wraps around the ring."""
+        """:meth:`select_stops` among every trajectory of one lane.
+
+        The rank is the stop's position, and the first one's length wraps around the
+        ring.
+        """
         self._refresh()
         ends, bases = self._rank_places()
         at = ranks + bases[ends.searchsorted(ranks, side="right")]
@@ -504,9 +551,11 @@ class TrajectoryOrder:
         return stops, lengths
 
     def _selection(self, min_length: int) -> tuple:
-        """``(eligible, cumulated eligible, lane ranks, lane stops, lane lengths)`` for
-        ``min_length``: per chunk, how many trajectories (not first of a lane) are long
-        enough, and each long enough first of a lane with its rank among them all."""
+        """``(eligible, cumulated eligible, lane ranks, lane stops, lane lengths)`` for ``min_length``.
+
+        Per chunk, how many trajectories (not first of a lane) are long enough, and each
+        long enough first of a lane with its rank among them all.
+        """
         cached = self._selections.get(min_length)
         if cached is not None:
             return cached
@@ -515,15 +564,23 @@ class TrajectoryOrder:
         kept = lane_lengths >= min_length
         lane_ranks, lane_lengths = lane_ranks[kept], lane_lengths[kept]
         if self.lanes == 1:
-            lane_stops = np.array([self._chunks[0][0] for _ in lane_ranks], dtype=np.int64)
+            lane_stops = np.array(
+                [self._chunks[0][0] for _ in lane_ranks], dtype=np.int64
+            )
         else:
             lane_stops = np.array(
-                [self._chunks[c][at] for c, at in map(self._at_rank, lane_ranks.tolist())],
+                [
+                    self._chunks[c][at]
+                    for c, at in map(self._at_rank, lane_ranks.tolist())
+                ],
                 dtype=np.int64,
             )
         if min_length > 1:
             lane_ranks = np.array(
-                [self._eligible_before(rank, min_length, eligible) for rank in lane_ranks.tolist()],
+                [
+                    self._eligible_before(rank, min_length, eligible)
+                    for rank in lane_ranks.tolist()
+                ],
                 dtype=np.int64,
             ) + np.arange(lane_ranks.size)
         cached = (eligible, eligible.cumsum(), lane_ranks, lane_stops, lane_lengths)
@@ -537,7 +594,9 @@ class TrajectoryOrder:
             cached = self._chunk_positions[c] = {}
         positions = cached.get(min_length)
         if positions is None:
-            positions = cached[min_length] = np.flatnonzero(self._chunk_lengths[c] >= min_length)
+            positions = cached[min_length] = np.flatnonzero(
+                self._chunk_lengths[c] >= min_length
+            )
         return positions
 
     def _eligible_before(self, rank: int, min_length: int, eligible: np.ndarray) -> int:
@@ -562,10 +621,16 @@ class TrajectoryOrder:
         lengths[lane_ranks] = lane_lengths
         return self._rows(stops, lengths)
 
-    def first_rows(self, stops: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-        """``(row, lane)`` where the trajectories stopping at keys ``stops`` with
-        ``lengths`` start: numpy arrays, ``lane`` ``None`` for one lane."""
-        lane, stop = (None, stops) if self.lanes == 1 else np.divmod(stops, self.capacity)
+    def first_rows(
+        self, stops: np.ndarray, lengths: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """``(row, lane)`` where the trajectories stopping at keys ``stops`` with ``lengths`` start.
+
+        Numpy arrays, ``lane`` ``None`` for one lane.
+        """
+        lane, stop = (
+            (None, stops) if self.lanes == 1 else np.divmod(stops, self.capacity)
+        )
         rows = stop - lengths + 1
         return (rows % self._length if self.wraps() else rows), lane
 

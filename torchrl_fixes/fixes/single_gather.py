@@ -40,8 +40,8 @@ from packaging.specifiers import SpecifierSet
 from tensordict import TensorDict, unravel_key
 from tensordict.utils import NestedKey
 
-from torchrl_fixes.patching import Replacement, derive_from_source
-from torchrl_fixes.registry import Fix, TargetChanged, stock_function
+from torchrl_fixes.patching import derive_from_source, Replacement
+from torchrl_fixes.registry import Fix, stock_function, TargetChanged
 from torchrl_fixes.source_fingerprint import source_fingerprint
 
 try:
@@ -134,7 +134,8 @@ def _read_entries(
     batch_size = _integer_index_batch_size(data.batch_size, index)
     columns = {key: data.get(key, None) for key in keys}
     if batch_size is None or not all(
-        column is None or isinstance(column, torch.Tensor) for column in columns.values()
+        column is None or isinstance(column, torch.Tensor)
+        for column in columns.values()
     ):
         # another index, or entries that are not tensors: index the selection
         data = data.select(*keys, strict=False)
@@ -158,23 +159,31 @@ def _read_entries(
 
 
 def _integer_index_batch_size(batch_size: torch.Size, index) -> torch.Size | None:
-    """The batch size of ``data[index]`` for ``data`` of ``batch_size``, where ``index``
-    is an integer tensor or a tuple of them (what samplers return); ``None`` otherwise."""
+    """The batch size of ``data[index]`` for ``data`` of ``batch_size``, where ``index`` is an integer tensor or a tuple of them (what samplers return).
+
+    ``None`` otherwise.
+    """
     tensors = index if isinstance(index, tuple) else (index,)
     if not tensors or len(tensors) > len(batch_size):
         return None
     for tensor in tensors:
-        if not isinstance(tensor, torch.Tensor) or tensor.dtype not in (torch.long, torch.int):
+        if not isinstance(tensor, torch.Tensor) or tensor.dtype not in (
+            torch.long,
+            torch.int,
+        ):
             return None
-    shape = tensors[0].shape if len(tensors) == 1 else torch.broadcast_shapes(*(t.shape for t in tensors))
+    shape = (
+        tensors[0].shape
+        if len(tensors) == 1
+        else torch.broadcast_shapes(*(t.shape for t in tensors))
+    )
     return shape + batch_size[len(tensors) :]
 
 
 def _fixed_length_info(
     sampler, index: torch.Tensor, num_slices: int, seq_length: int, storage: Storage
 ) -> tuple[tuple[torch.Tensor, ...], dict[str, Any]] | None:
-    """What ``SliceSampler._finalize_index`` returns for ``num_slices`` slices of
-    ``seq_length`` rows each, all on the CPU, without its general path.
+    """What ``SliceSampler._finalize_index`` returns for ``num_slices`` slices of ``seq_length`` rows each, all on the CPU, without its general path.
 
     The info of such a sample is the done / terminated / init entries of the
     sampled rows and flags at fixed positions (the last row of each slice is
@@ -187,7 +196,11 @@ def _fixed_length_info(
     :func:`_read_entries` reads directly, or rows off the CPU.
     """
     count = index.shape[0]
-    if index.device.type != "cpu" or count != num_slices * seq_length or not _reads_tensordict(storage):
+    if (
+        index.device.type != "cpu"
+        or count != num_slices * seq_length
+        or not _reads_tensordict(storage)
+    ):
         return None
     truncated_key = sampler.truncated_key
     done_key = terminated_key = None
@@ -199,14 +212,18 @@ def _fixed_length_info(
         None if key is None else data.get(key, None)
         for key in (done_key, terminated_key, sampler.init_key)
     ]
-    if not all(column is None or isinstance(column, torch.Tensor) for column in columns):
+    if not all(
+        column is None or isinstance(column, torch.Tensor) for column in columns
+    ):
         return None
     if index.dtype is not torch.long:
         index = index.to(torch.long)
     index = index.unbind(-1)
     # The rows are valid ones (the slices are taken modulo the storage's length):
     # the columns are indexed whole, without the view of the valid rows.
-    done, terminated, is_init = (None if column is None else column[index] for column in columns)
+    done, terminated, is_init = (
+        None if column is None else column[index] for column in columns
+    )
     info = {}
     if truncated_key is not None:
         truncated = torch.zeros((count, 1), dtype=torch.bool)
@@ -220,7 +237,9 @@ def _fixed_length_info(
         else:
             done = done | truncated
         info[done_key] = done
-        info[terminated_key] = torch.zeros_like(truncated) if terminated is None else terminated
+        info[terminated_key] = (
+            torch.zeros_like(truncated) if terminated is None else terminated
+        )
     if is_init is not None:
         # each slice starts a sequence for recurrent modules
         init_marker = torch.zeros_like(is_init)
@@ -257,7 +276,12 @@ def _streaming_mark_update(stock: types.FunctionType) -> types.FunctionType:
     """``StreamingSliceSampler.mark_update``, reading only the entries of the written rows it uses."""
     return derive_from_source(
         stock,
-        [("data = storage.get(storage_index)", "data = _read_written_entries(self, storage, storage_index)")],
+        [
+            (
+                "data = storage.get(storage_index)",
+                "data = _read_written_entries(self, storage, storage_index)",
+            )
+        ],
         _read_written_entries=_read_written_entries,
     )
 
@@ -296,7 +320,8 @@ FINALIZE_INDEX_EDITS = (_FLAT_INIT_READ, _FIXED_LENGTH_INFO, _INFO_READ, _INIT_R
 FINALIZE_INDEX_EDITS_0_14 = (_FIXED_LENGTH_INFO, _INFO_READ, _INIT_READ)
 # 0.13 reads the init flags under their literal key.
 GET_INDEX_EDITS_0_13 = tuple(
-    (old, new.replace("self.init_key", '"is_init"')) for old, new in (_INFO_READ, _INIT_READ)
+    (old, new.replace("self.init_key", '"is_init"'))
+    for old, new in (_INFO_READ, _INIT_READ)
 )
 # 0.11 and 0.12 emit no init marker.
 GET_INDEX_EDITS_0_11 = (
@@ -307,7 +332,9 @@ GET_INDEX_EDITS_0_11 = (
 )
 
 
-def _prioritized_slice_sample(self, storage: Storage, batch_size: int) -> tuple[torch.Tensor, dict]:
+def _prioritized_slice_sample(
+    self, storage: Storage, batch_size: int
+) -> tuple[torch.Tensor, dict]:
     """``PrioritizedSliceSampler.sample`` of TorchRL 0.11 to 0.14, reading only the entries the info needs."""
     # Sample `batch_size` indices representing the start of a slice.
     # The sampling is based on a weight vector.
@@ -369,9 +396,7 @@ def _prioritized_slice_sample(self, storage: Storage, batch_size: int) -> tuple[
             starts_tensor = starts_tensor[:, 0]
         seq_length = (stops - starts_tensor + 1).clamp_max(seq_length)
         if (seq_length <= 0).any():
-            raise RuntimeError(
-                "failed to compute seq_length, please report this bug"
-            )
+            raise RuntimeError("failed to compute seq_length, please report this bug")
 
     if isinstance(starts, tuple):
         starts = torch.stack(starts, -1)
@@ -454,10 +479,30 @@ class SingleGather(Fix):
     # or None where there is none, the edits that make the fix of its source).
     variants = (
         # torchrl-nightly 2026.10.27 (TorchRL main): the batch_time layout
-        ("_finalize_index", "e4c6482012fecc92", "c6ecacb2f419f943", FINALIZE_INDEX_EDITS),
-        ("_finalize_index", "dec80b91b8a93985", "c6ecacb2f419f943", FINALIZE_INDEX_EDITS_0_14),  # 0.14.1
-        ("_get_index", "1a637a5ac58f793b", "60f5ba7223d77b67", GET_INDEX_EDITS_0_13),  # 0.13.3
-        ("_get_index", "39dfa19478982190", None, GET_INDEX_EDITS_0_11),  # 0.11.1, 0.12.0
+        (
+            "_finalize_index",
+            "e4c6482012fecc92",
+            "c6ecacb2f419f943",
+            FINALIZE_INDEX_EDITS,
+        ),
+        (
+            "_finalize_index",
+            "dec80b91b8a93985",
+            "c6ecacb2f419f943",
+            FINALIZE_INDEX_EDITS_0_14,
+        ),  # 0.14.1
+        (
+            "_get_index",
+            "1a637a5ac58f793b",
+            "60f5ba7223d77b67",
+            GET_INDEX_EDITS_0_13,
+        ),  # 0.13.3
+        (
+            "_get_index",
+            "39dfa19478982190",
+            None,
+            GET_INDEX_EDITS_0_11,
+        ),  # 0.11.1, 0.12.0
     )
     # Stock code the replacements rely on without replacing it: how a tensor
     # storage reads rows (0.11.1 to 0.14.1, torchrl-nightly 2026.10.27).
@@ -479,7 +524,9 @@ class SingleGather(Fix):
         for name, fingerprint, marker, _ in cls.variants:
             known.setdefault(f"SliceSampler.{name}", set()).add(fingerprint)
             if marker is not None:
-                known.setdefault("SliceSampler._maybe_emit_init_marker", set()).add(marker)
+                known.setdefault("SliceSampler._maybe_emit_init_marker", set()).add(
+                    marker
+                )
         known["PrioritizedSliceSampler.sample"] = set(cls.prioritized_fingerprints)
         known["StreamingSliceSampler.mark_update"] = set(cls.streaming_fingerprints)
         for path, fingerprints in cls.read_fingerprints.items():
@@ -489,12 +536,18 @@ class SingleGather(Fix):
     @staticmethod
     def _info_builder() -> str:
         # TorchRL 0.14 and main build the info in _finalize_index, 0.11 to 0.13 in _get_index.
-        return "_finalize_index" if "_finalize_index" in vars(SliceSampler) else "_get_index"
+        return (
+            "_finalize_index"
+            if "_finalize_index" in vars(SliceSampler)
+            else "_get_index"
+        )
 
     def stock_targets(self) -> dict[str, types.FunctionType | None]:
         """The installed functions this fix replaces or relies on, by path (``None`` where missing)."""
         if _IMPORT_ERROR is not None:
-            raise TargetChanged(f"cannot import TorchRL's slice samplers ({_IMPORT_ERROR})")
+            raise TargetChanged(
+                f"cannot import TorchRL's slice samplers ({_IMPORT_ERROR})"
+            )
         builder = self._info_builder()
         targets = {}
         for owner, name in (
@@ -516,7 +569,9 @@ class SingleGather(Fix):
 
     def plan(self) -> list[Replacement]:
         if _IMPORT_ERROR is not None:
-            raise TargetChanged(f"cannot import TorchRL's slice samplers ({_IMPORT_ERROR})")
+            raise TargetChanged(
+                f"cannot import TorchRL's slice samplers ({_IMPORT_ERROR})"
+            )
         for cls in (TensorStorage, LazyTensorStorage, LazyMemmapStorage):
             stock_function(cls, "get", self.read_fingerprints[f"{cls.__name__}.get"])
         builder = self._info_builder()
@@ -524,10 +579,15 @@ class SingleGather(Fix):
             SliceSampler, builder, {v[1] for v in self.variants if v[0] == builder}
         )
         _, _, marker, edits = next(
-            v for v in self.variants if v[0] == builder and v[1] == source_fingerprint(stock)
+            v
+            for v in self.variants
+            if v[0] == builder and v[1] == source_fingerprint(stock)
         )
         new = derive_from_source(
-            stock, edits, _read_entries=_read_entries, _fixed_length_info=_fixed_length_info
+            stock,
+            edits,
+            _read_entries=_read_entries,
+            _fixed_length_info=_fixed_length_info,
         )
         if marker is not None:
             stock_function(SliceSampler, "_maybe_emit_init_marker", {marker})
@@ -538,8 +598,12 @@ class SingleGather(Fix):
         ]
         if StreamingSliceSampler is not None:
             # It reads the rows of every write to queue its windows.
-            stock = stock_function(StreamingSliceSampler, "mark_update", self.streaming_fingerprints)
+            stock = stock_function(
+                StreamingSliceSampler, "mark_update", self.streaming_fingerprints
+            )
             replacements.append(
-                Replacement(StreamingSliceSampler, "mark_update", _streaming_mark_update(stock))
+                Replacement(
+                    StreamingSliceSampler, "mark_update", _streaming_mark_update(stock)
+                )
             )
         return replacements

@@ -35,7 +35,12 @@ import tomllib
 import nox
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from devtools.torchrl_matrix import MATRIX, NEWEST, torchrl_requirements  # noqa: E402
+from devtools.torchrl_matrix import (  # noqa: E402
+    MATRIX,
+    NEWEST,
+    UPSTREAM_FORMATTER,
+    torchrl_requirements,
+)
 
 nox.options.reuse_existing_virtualenvs = True
 nox.options.sessions = ["lint", "tests", "conformance", "conformance_extension"]
@@ -154,6 +159,7 @@ def upstream(session: nox.Session) -> None:
     install (``conformance/stock_source.py``). Arguments after ``--`` go to pytest.
     """
     _install(session, "nightly")
+    session.install(*UPSTREAM_FORMATTER)  # export-patches writes the series through it
     session.run("python", "-m", "devtools", "export-patches", "--check")
     session.run("python", "-m", "pytest", "tests/test_upstream_patches.py", "-q")
     work = os.path.abspath(session.create_tmp())

@@ -5,19 +5,13 @@ keeps a storage's trajectory stops in a :class:`TrajectoryOrder`, and a slice
 sampler draws from it without listing every trajectory.
 
 A trajectory is named by its *stop*, the key ``lane * capacity + row`` of its
-last row. Stops are kept sorted, which is TorchRL's order (lane, then row), in
-chunks of about ``load`` keys (a sorted list of sorted chunks, as
-``sortedcontainers.SortedList`` keeps them), so that a write of ``k`` rows
-replaces ``O(k + load)`` keys and never copies the others. Each chunk caches
-the lengths of its trajectories and, per minimum length asked for, how many are
-at least that long: finding the ``i``-th trajectory of a given minimum length is
-a search over chunk counts and one lookup in a chunk, ``O(T / load + load)``
-for ``T`` trajectories, with no per-trajectory work.
-
-A trajectory starts on the row after the previous stop of its lane; the first
-of a lane starts after the lane's last stop, around the ring of ``length`` valid
-rows. Those first trajectories (one per lane) are computed at query time: their
-length depends on a stop far away.
+last row. Stops are kept sorted (TorchRL's order: lane, then row) in chunks of
+about ``load`` keys, as ``sortedcontainers.SortedList`` keeps them: a write of
+``k`` rows replaces ``O(k + load)`` keys. Each chunk caches its trajectories'
+lengths and, per minimum length, how many are that long, so that the ``i``-th
+trajectory of a minimum length is found in ``O(T / load + load)``. The first
+trajectory of a lane starts after the lane's last stop, around the ring of
+``length`` valid rows: it is computed at query time.
 """
 from __future__ import annotations
 
@@ -39,8 +33,7 @@ class TrajectoryOrder:
             dimension, 1 for a storage with one). Defaults to 1.
 
     Keyword Args:
-        load (int, optional): the number of stops per chunk. Defaults to :data:`LOAD`
-            (read when the order is built).
+        load (int, optional): the number of stops per chunk. Defaults to :data:`LOAD`.
 
     Examples:
         >>> import numpy as np, torch
@@ -64,17 +57,15 @@ class TrajectoryOrder:
     def __init__(self, capacity: int, lanes: int = 1, *, load: int | None = None):
         load = LOAD if load is None else load
         if capacity < 1 or lanes < 1 or load < 2:
+            got = f"{capacity}, {lanes} and {load}"
             raise ValueError(
-                f"capacity, lanes and load must be positive (load at least 2), got "
-                f"{capacity}, {lanes} and {load}."
+                f"capacity, lanes and load (>= 2) must be positive: {got}."
             )
         self.capacity = capacity
         self.lanes = lanes
         self.load = load
         self._length: int | None = None
         self.assign(np.empty(0, dtype=np.int64))
-
-    # ------------------------------------------------------------------ keys
 
     def assign(self, stops: np.ndarray) -> None:
         """Replaces every stop by ``stops``, sorted unique int64 keys."""
@@ -147,23 +138,16 @@ class TrajectoryOrder:
         """
         stops = np.asarray(stops, dtype=np.int64)
         n = len(self._chunks)
-        first = int(self._lasts.searchsorted(lo))  # first chunk reaching lo
-        last = (
-            int(self._firsts.searchsorted(hi, side="right")) - 1
-        )  # last starting by hi
+        # the first chunk reaching lo, the last starting by hi
+        first = int(self._lasts.searchsorted(lo))
+        last = int(self._firsts.searchsorted(hi, side="right")) - 1
         if first == last:
             # within one chunk (most writes): that chunk alone is rewritten
             chunk = self._chunks[first]
-            keys = np.concatenate(
-                [
-                    chunk[: chunk.searchsorted(lo)],
-                    stops,
-                    chunk[chunk.searchsorted(hi, side="right") :],
-                ]
-            )
-            if self.load // 2 <= keys.size <= self.load or (
-                n == 1 and 0 < keys.size <= self.load
-            ):
+            cut_lo, cut_hi = chunk.searchsorted(lo), chunk.searchsorted(hi, "right")
+            keys = np.concatenate([chunk[:cut_lo], stops, chunk[cut_hi:]])
+            fits = keys.size <= self.load
+            if fits and (keys.size >= self.load // 2 or (n == 1 and keys.size)):
                 self._rewrite(first, keys)
                 return
         if first > last:
@@ -174,11 +158,7 @@ class TrajectoryOrder:
                 first, last = 0, -1
             else:
                 first = last = min(first, n - 1)
-        keys = (
-            np.concatenate(self._chunks[first : last + 1])
-            if last >= first
-            else stops[:0]
-        )
+        keys = np.concatenate(self._chunks[first : last + 1] or [stops[:0]])
         cut_lo = int(keys.searchsorted(lo))
         cut_hi = int(keys.searchsorted(hi, side="right"))
         keys = np.concatenate([keys[:cut_lo], stops, keys[cut_hi:]])
@@ -264,15 +244,9 @@ class TrajectoryOrder:
         if not self._free:
             rows = self._key_arena.shape[0]
             grown = max(2 * rows, 8)
-            self._key_arena = np.concatenate(
-                [self._key_arena, np.empty((grown - rows, self.load), dtype=np.int64)]
-            )
-            self._length_arena = np.concatenate(
-                [
-                    self._length_arena,
-                    np.empty((grown - rows, self.load), dtype=np.int64),
-                ]
-            )
+            more = np.empty((grown - rows, self.load), dtype=np.int64)
+            self._key_arena = np.concatenate([self._key_arena, more])
+            self._length_arena = np.concatenate([self._length_arena, more])
             self._free.extend(range(grown - 1, rows - 1, -1))
             # the chunks are views of the old arenas
             self._chunks = [
@@ -286,8 +260,6 @@ class TrajectoryOrder:
         slot = self._free.pop()
         self._key_arena[slot, : keys.size] = keys
         return slot
-
-    # --------------------------------------------------------------- lengths
 
     def _lengths_of(self, keys: np.ndarray, previous: int | None) -> np.ndarray:
         """The lengths of the trajectories stopping at ``keys`` (sorted), ``previous`` the stop before them.
@@ -432,8 +404,6 @@ class TrajectoryOrder:
         self._lanes()
         return self._wraps
 
-    # --------------------------------------------------------------- queries
-
     def count(self, min_length: int = 1) -> int:
         """How many trajectories are at least ``min_length`` rows long."""
         if min_length <= 1:
@@ -446,13 +416,8 @@ class TrajectoryOrder:
         """The length of the shortest trajectory (there must be one)."""
         if self._shortest is None:
             self._refresh()
-            _, lane_lengths = self._lanes()
-            self._shortest = int(
-                min(
-                    self._mins.min(initial=_NO_LENGTH),
-                    lane_lengths.min(initial=_NO_LENGTH),
-                )
-            )
+            lane_min = self._lanes()[1].min(initial=_NO_LENGTH)
+            self._shortest = int(min(self._mins.min(initial=_NO_LENGTH), lane_min))
         if self._shortest == _NO_LENGTH:
             raise RuntimeError("no trajectory.")
         return self._shortest
@@ -461,9 +426,8 @@ class TrajectoryOrder:
         """The rank, among all trajectories, of one of the shortest."""
         self._refresh()
         lane_ranks, lane_lengths = self._lanes()
-        if lane_lengths.size and (
-            not self._mins.size or lane_lengths.min() <= self._mins.min()
-        ):
+        shortest_chunk = self._mins.min(initial=_NO_LENGTH)
+        if lane_lengths.size and lane_lengths.min() <= shortest_chunk:
             return int(lane_ranks[lane_lengths.argmin()])
         c = int(self._mins.argmin())
         lengths = self._chunk_lengths[c]
@@ -492,12 +456,7 @@ class TrajectoryOrder:
     def select_stops(
         self, ranks: np.ndarray, min_length: int = 1
     ) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`select` as numpy arrays.
-
-        The stop keys of the ``ranks``-th trajectories among those at least
-        ``min_length`` rows long, and their lengths (:meth:`first_rows` gives where they
-        start).
-        """
+        """:meth:`select` as numpy arrays: stop keys and lengths (see :meth:`first_rows`)."""
         ranks = ranks.astype(np.int64, copy=False)
         if min_length <= 1 and self.lanes == 1:
             return self._select_all(ranks)
@@ -521,9 +480,8 @@ class TrajectoryOrder:
         # in a chunk with trajectories too short (or first of a lane), the
         # position among the long enough ones
         if min_length <= 1 and self.lanes == 1:
-            within[
-                mixed
-            ] += 1  # only the very first trajectory is left out, at position 0
+            # only the very first trajectory is left out, at position 0
+            within[mixed] += 1
         else:
             for i in mixed.nonzero()[0].tolist():
                 within[i] = self._positions(int(chunk_of[i]), min_length)[within[i]]
@@ -563,26 +521,14 @@ class TrajectoryOrder:
         lane_ranks, lane_lengths = self._lanes()
         kept = lane_lengths >= min_length
         lane_ranks, lane_lengths = lane_ranks[kept], lane_lengths[kept]
-        if self.lanes == 1:
-            lane_stops = np.array(
-                [self._chunks[0][0] for _ in lane_ranks], dtype=np.int64
-            )
-        else:
-            lane_stops = np.array(
-                [
-                    self._chunks[c][at]
-                    for c, at in map(self._at_rank, lane_ranks.tolist())
-                ],
-                dtype=np.int64,
-            )
+        places = [(0, 0)] * lane_ranks.size  # one lane: its first stop
+        if self.lanes > 1:
+            places = [self._at_rank(rank) for rank in lane_ranks.tolist()]
+        lane_stops = np.array([self._chunks[c][at] for c, at in places], np.int64)
         if min_length > 1:
-            lane_ranks = np.array(
-                [
-                    self._eligible_before(rank, min_length, eligible)
-                    for rank in lane_ranks.tolist()
-                ],
-                dtype=np.int64,
-            ) + np.arange(lane_ranks.size)
+            ranks = lane_ranks.tolist()
+            before = [self._eligible_before(r, min_length, eligible) for r in ranks]
+            lane_ranks = np.array(before, dtype=np.int64) + np.arange(lane_ranks.size)
         cached = (eligible, eligible.cumsum(), lane_ranks, lane_stops, lane_lengths)
         self._selections[min_length] = cached
         return cached
@@ -629,22 +575,18 @@ class TrajectoryOrder:
         Numpy arrays, ``lane`` ``None`` for one lane.
         """
         lane, stop = (
-            (None, stops) if self.lanes == 1 else np.divmod(stops, self.capacity)
+            np.divmod(stops, self.capacity) if self.lanes > 1 else (None, stops)
         )
         rows = stop - lengths + 1
         return (rows % self._length if self.wraps() else rows), lane
 
     def _rows(self, stops: np.ndarray, lengths: np.ndarray):
         start, lane = self.first_rows(stops, lengths)
+        lengths = torch.from_numpy(lengths)
         if lane is None:
-            return (
-                torch.from_numpy(start.reshape(-1, 1)),
-                torch.from_numpy(stops.reshape(-1, 1)),
-                torch.from_numpy(lengths),
-            )
+            start, stops = torch.from_numpy(start), torch.from_numpy(stops)
+            return start.reshape(-1, 1), stops.reshape(-1, 1), lengths
         lane = torch.from_numpy(lane)
-        return (
-            torch.stack([torch.from_numpy(start), lane], -1),
-            torch.stack([torch.from_numpy(stops % self.capacity), lane], -1),
-            torch.from_numpy(lengths),
-        )
+        start = torch.stack([torch.from_numpy(start), lane], -1)
+        stop = torch.stack([torch.from_numpy(stops % self.capacity), lane], -1)
+        return start, stop, lengths

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import os
 import sys
-import tomllib
 
 import nox
 
@@ -44,8 +43,10 @@ nox.options.sessions = ["lint", "tests", "conformance", "conformance_extension"]
 TORCH = os.environ.get("TORCHRL_FIXES_TORCH", "").strip() or "torch==2.13.0"
 def _test_requirements() -> list[str]:
     """pyproject.toml's test extra and runtime requirements, less torch, torchrl and tensordict."""
-    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "pyproject.toml"), "rb") as f:
-        project = tomllib.load(f)["project"]
+    # nox's TOML reader: tomllib is Python 3.11+, and nox brings tomli where it is missing.
+    project = nox.project.load_toml(
+        os.path.join(os.path.dirname(os.path.abspath(__file__)), "pyproject.toml")
+    )["project"]
     runtime = [r for r in project["dependencies"] if not r.startswith(("torch", "tensordict"))]
     return [*project["optional-dependencies"]["test"], *runtime]
 

@@ -113,11 +113,28 @@ def ray(session: nox.Session) -> None:
     session.run("python", "-m", "pytest", "tests/ray", "-rA", *session.posargs)
 
 
+# Every Python file of the repository: what lint checks.
+LINT_PATHS = ("torchrl_fixes", "devtools", "tests", "conformance", "upstream", "noxfile.py")
+
+
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff over the package, the development tooling, the tests and the suite."""
-    session.install("ruff>=0.6")
-    session.run("ruff", "check", "torchrl_fixes", "devtools", "tests", "conformance", "noxfile.py")
+    """ruff over the repository's Python, then its Python 3.10 floor, checked statically.
+
+    No Python 3.10 interpreter is available to CI: vermin reports the modules, members
+    and syntax newer than 3.10 that it knows, ``devtools/python_floor.py`` what vermin
+    lets through (``python -m devtools.python_floor --help`` lists it).
+    """
+    session.install("ruff>=0.6", "vermin==1.9.2")
+    session.run("ruff", "check", *LINT_PATHS)
+    # --eval-annotations: annotations are checked as if evaluated (typing.get_type_hints
+    # does), although `from __future__ import annotations` leaves them as strings;
+    # --no-parse-comments: no `# novm` comment exempts a line.
+    session.run(
+        "vermin", "--target=3.10-", "--violations", "--eval-annotations",
+        "--no-parse-comments", "--no-tips", *LINT_PATHS,
+    )
+    session.run("python", "-m", "devtools.python_floor", *LINT_PATHS)
 
 
 @nox.session

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import os
 import sys
-import tomllib
 
 import nox
 
@@ -49,8 +48,10 @@ nox.options.sessions = ["lint", "tests", "conformance", "conformance_extension"]
 TORCH = os.environ.get("TORCHRL_FIXES_TORCH", "").strip() or "torch==2.13.0"
 def _test_requirements() -> list[str]:
     """pyproject.toml's test extra and runtime requirements, less torch, torchrl and tensordict."""
-    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "pyproject.toml"), "rb") as f:
-        project = tomllib.load(f)["project"]
+    # nox's TOML reader: tomllib is Python 3.11+, and nox brings tomli where it is missing.
+    project = nox.project.load_toml(
+        os.path.join(os.path.dirname(os.path.abspath(__file__)), "pyproject.toml")
+    )["project"]
     runtime = [r for r in project["dependencies"] if not r.startswith(("torch", "tensordict"))]
     return [*project["optional-dependencies"]["test"], *runtime]
 
@@ -117,11 +118,28 @@ def ray(session: nox.Session) -> None:
     session.run("python", "-m", "pytest", "tests/ray", "-rA", *session.posargs)
 
 
+# Every Python file of the repository: what lint checks.
+LINT_PATHS = ("torchrl_fixes", "devtools", "tests", "conformance", "upstream", "noxfile.py")
+
+
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff over the package, the development tooling, the tests and the suite."""
-    session.install("ruff>=0.6")
-    session.run("ruff", "check", "torchrl_fixes", "devtools", "tests", "conformance", "noxfile.py")
+    """ruff over the repository's Python, then its Python 3.10 floor, checked statically.
+
+    No Python 3.10 interpreter is available to CI: vermin reports the modules, members
+    and syntax newer than 3.10 that it knows, ``devtools/python_floor.py`` what vermin
+    lets through (``python -m devtools.python_floor --help`` lists it).
+    """
+    session.install("ruff>=0.6", "vermin==1.9.2")
+    session.run("ruff", "check", *LINT_PATHS)
+    # --eval-annotations: annotations are checked as if evaluated (typing.get_type_hints
+    # does), although `from __future__ import annotations` leaves them as strings;
+    # --no-parse-comments: no `# novm` comment exempts a line.
+    session.run(
+        "vermin", "--target=3.10-", "--violations", "--eval-annotations",
+        "--no-parse-comments", "--no-tips", *LINT_PATHS,
+    )
+    session.run("python", "-m", "devtools.python_floor", *LINT_PATHS)
 
 
 @nox.session

@@ -15,5 +15,7 @@ repository, beside the conformance suite (``conformance/``) and the upstream dif
 - :mod:`devtools.torchrl_suite`, a pytest plugin (``-p devtools.torchrl_suite``) that
   applies the fixes before TorchRL's own test suite imports TorchRL, and
   :mod:`devtools.compare_junit`, which lists the tests that pass on stock and not with
-  the fixes (``devtools/run_torchrl_suite.sh`` runs both).
+  the fixes (``devtools/run_torchrl_suite.sh`` runs both);
+- :mod:`devtools.python_floor` (``python -m devtools.python_floor PATH...``), which
+  reports the uses of Python newer than 3.10 that vermin does not (``nox -s lint``).
 """

@@ -277,13 +277,18 @@ def _query_index(sampler, storage, query: Callable):
         return query(plan.index, plan.signal, device=plan.device, **plan.geometry)
 
 
-@dataclasses.dataclass(slots=True, weakref_slot=True)
-class _QueryPlan:
+class _WeakReferenceable:
+    # The __weakref__ slot a slotted dataclass inherits: dataclass(weakref_slot=True)
+    # is Python 3.11+, and slots=True refuses a class that sets __slots__ itself.
+    __slots__ = ("__weakref__",)
+
+
+@dataclasses.dataclass(slots=True)
+class _QueryPlan(_WeakReferenceable):
     """What :func:`_query_index` finds for a sampler on a storage.
 
     The index, the signal it reads, the geometry it is asked with and the mutation
     revision that geometry was read at.
-
 
     The storage's :class:`StorageBoundaries` holds it, so that it lives no longer
     than the storage; the sampler finds it through :data:`_LAST_PLANS`.

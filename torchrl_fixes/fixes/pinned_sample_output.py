@@ -148,12 +148,19 @@ def _tensordict_replay_buffer_sample(stock: Callable) -> Callable:
 
 def _decorator_of(wrapper: types.FunctionType) -> Callable | None:
     """The module-level decorator that made ``wrapper`` (``_maybe_delay_init``), if any."""
-    qualname = wrapper.__code__.co_qualname
-    if ".<locals>." not in qualname:
-        return None
-    decorator = wrapper.__globals__.get(qualname.split(".<locals>.")[0])
+    # The function that defines ``wrapper`` holds its code among its constants
+    # (code.co_qualname, which names that function, is Python 3.11+).
+    decorator = next(
+        (
+            value
+            for value in wrapper.__globals__.values()
+            if isinstance(value, types.FunctionType)
+            and any(const is wrapper.__code__ for const in value.__code__.co_consts)
+        ),
+        None,
+    )
     wrapped = getattr(wrapper, "__wrapped__", None)
-    if not callable(decorator) or not isinstance(wrapped, types.FunctionType):
+    if decorator is None or not isinstance(wrapped, types.FunctionType):
         return None
     try:
         if decorator(wrapped).__code__ is not wrapper.__code__:

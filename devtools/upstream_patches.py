@@ -92,6 +92,9 @@ UPSTREAM_FILES: dict[int, tuple[str, ...]] = {
     2: (),
     3: (),
     4: (),
+    5: (),
+    6: (),
+    7: (),
 }
 # upstream/ test files import the runtime's new modules; in TorchRL they live here.
 _UPSTREAM_IMPORT = re.compile(r"^from torchrl_fixes\.(\w+) import", re.MULTILINE)
@@ -451,99 +454,130 @@ def patches() -> list[UpstreamPatch]:
             rep.name: rep.new for rep in single_gather.SingleGather().plan()
         }["_finalize_index"]
 
-    boundary_edits: list = [
-        NewModule(f"{RB}/trajectory_order.py", "torchrl_fixes.trajectory_order"),
-        NewModule(
-            f"{RB}/trajectory_boundaries.py",
-            "torchrl_fixes.trajectory_boundaries",
-            rewrites=("from torchrl_fixes.trajectory_order import",),
-        ),
-        NewModule(
-            f"{RB}/storage_boundaries.py",
-            "torchrl_fixes.storage_boundaries",
-            rewrites=("from torchrl_fixes.trajectory_boundaries import", _CACHE_IMPORT),
-        ),
-        NewModule(
-            f"{RB}/slice_boundaries.py",
-            "torchrl_fixes.slice_boundaries",
-            rewrites=(
-                "import logging\n",
-                '\nlogger = logging.getLogger("torchrl_fixes")\n',
-                "from torchrl_fixes.storage_boundaries import",
-                "from torchrl_fixes.trajectory_boundaries import",
-                "from torchrl_fixes.slice_boundaries import",
-                ">>> import torch, torchrl_fixes\n",
+    # The hooks by the pull request that writes them: the storage's side records its
+    # writes (0005), the sampler's side reads the index (0006).
+    storage_hooks = {key: hook for key, hook in hooks.items() if key[0].startswith("storages/")}
+    sampler_hooks = {key: hook for key, hook in hooks.items() if key not in storage_hooks}
+    to_torchrl = (
+        "import logging\n",
+        '\nlogger = logging.getLogger("torchrl_fixes")\n',
+        ">>> import torch, torchrl_fixes\n",
+    )
+    single_gather_edits = (
+        AddFunctions(
+            f"{RB}/samplers/slice.py",
+            "SliceSampler",
+            (
+                single_gather._defined_by,
+                single_gather._reads_tensordict,
+                single_gather._read_entries,
+                single_gather._integer_index_batch_size,
+                single_gather._fixed_length_info,
             ),
         ),
-    ]
-    boundary_edits += _hook_edits(hooks)
-    sample_edits = [
-        NewModule(
-            f"{RB}/slice_sampling.py",
-            "torchrl_fixes.slice_sampling",
-            rewrites=(
-                "from torchrl_fixes.slice_boundaries import",
-                "from torchrl_fixes.trajectory_boundaries import",
+        AddImport(f"{RB}/samplers/slice.py", "tensordict", ("TensorDict",)),
+        AddImport(
+            f"{RB}/samplers/slice.py",
+            "torchrl.data.replay_buffers.storages",
+            ("LazyMemmapStorage", "LazyTensorStorage"),
+        ),
+        ReplaceFunction(f"{RB}/samplers/slice.py", "SliceSampler._finalize_index", finalize_index),
+        ReplaceFunction(
+            f"{RB}/samplers/prioritized_slice.py",
+            "PrioritizedSliceSampler.sample",
+            single_gather._prioritized_slice_sample,
+        ),
+        AddImport(f"{RB}/samplers/prioritized_slice.py", ".slice", ("_read_entries",)),
+        AddFunctions(
+            f"{RB}/samplers/streaming_slice.py",
+            "StreamingSliceSampler",
+            (single_gather._read_written_entries,),
+        ),
+        AddImport(
+            f"{RB}/samplers/streaming_slice.py", ".slice", ("_read_entries", "_reads_tensordict")
+        ),
+        ReplaceFunction(
+            f"{RB}/samplers/streaming_slice.py",
+            "StreamingSliceSampler.mark_update",
+            single_gather._streaming_mark_update(
+                get_original(single_gather.StreamingSliceSampler, "mark_update")
             ),
         ),
-        *_hook_edits(SAMPLE_HOOKS),
-    ]
-
+    )
     return [
-        UpstreamPatch(2, "slice_boundary_index", SLICE_BOUNDARY_INDEX_HEADER, (), tuple(boundary_edits)),
+        UpstreamPatch(2, "single_gather", SINGLE_GATHER_HEADER, (), single_gather_edits),
         UpstreamPatch(
             3,
-            "single_gather",
-            SINGLE_GATHER_HEADER,
-            (2,),
-            (
-                AddFunctions(
-                    f"{RB}/samplers/slice.py",
-                    "SliceSampler",
-                    (
-                        single_gather._defined_by,
-                        single_gather._reads_tensordict,
-                        single_gather._read_entries,
-                        single_gather._integer_index_batch_size,
-                        single_gather._fixed_length_info,
-                    ),
-                ),
-                AddImport(f"{RB}/samplers/slice.py", "tensordict", ("TensorDict",)),
-                AddImport(
-                    f"{RB}/samplers/slice.py",
-                    "torchrl.data.replay_buffers.storages",
-                    ("LazyMemmapStorage", "LazyTensorStorage"),
-                ),
-                ReplaceFunction(f"{RB}/samplers/slice.py", "SliceSampler._finalize_index", finalize_index),
-                ReplaceFunction(
-                    f"{RB}/samplers/prioritized_slice.py",
-                    "PrioritizedSliceSampler.sample",
-                    single_gather._prioritized_slice_sample,
-                ),
-                AddImport(f"{RB}/samplers/prioritized_slice.py", ".slice", ("_read_entries",)),
-                AddFunctions(
-                    f"{RB}/samplers/streaming_slice.py",
-                    "StreamingSliceSampler",
-                    (single_gather._read_written_entries,),
-                ),
-                AddImport(
-                    f"{RB}/samplers/streaming_slice.py", ".slice", ("_read_entries", "_reads_tensordict")
-                ),
-                ReplaceFunction(
-                    f"{RB}/samplers/streaming_slice.py",
-                    "StreamingSliceSampler.mark_update",
-                    single_gather._streaming_mark_update(
-                        get_original(single_gather.StreamingSliceSampler, "mark_update")
-                    ),
-                ),
-            ),
+            "slice_boundary_index",
+            TRAJECTORY_ORDER_HEADER,
+            (),
+            (NewModule(f"{RB}/trajectory_order.py", "torchrl_fixes.trajectory_order"),),
+            name="trajectory_order",
         ),
         UpstreamPatch(
             4,
             "slice_boundary_index",
+            TRAJECTORY_BOUNDARIES_HEADER,
+            (3,),
+            (
+                NewModule(
+                    f"{RB}/trajectory_boundaries.py",
+                    "torchrl_fixes.trajectory_boundaries",
+                    rewrites=("from torchrl_fixes.trajectory_order import",),
+                ),
+            ),
+            name="trajectory_boundaries",
+        ),
+        UpstreamPatch(
+            5,
+            "slice_boundary_index",
+            STORAGE_BOUNDARIES_HEADER,
+            (3, 4),
+            (
+                NewModule(
+                    f"{RB}/storage_boundaries.py",
+                    "torchrl_fixes.storage_boundaries",
+                    rewrites=("from torchrl_fixes.trajectory_boundaries import", _CACHE_IMPORT),
+                ),
+                *_hook_edits(storage_hooks),
+            ),
+            name="storage_boundaries",
+        ),
+        UpstreamPatch(
+            6,
+            "slice_boundary_index",
+            SLICE_BOUNDARY_INDEX_HEADER,
+            (2, 3, 4, 5),
+            (
+                NewModule(
+                    f"{RB}/slice_boundaries.py",
+                    "torchrl_fixes.slice_boundaries",
+                    rewrites=(
+                        *to_torchrl,
+                        "from torchrl_fixes.storage_boundaries import",
+                        "from torchrl_fixes.trajectory_boundaries import",
+                        "from torchrl_fixes.slice_boundaries import",
+                    ),
+                ),
+                *_hook_edits(sampler_hooks),
+            ),
+        ),
+        UpstreamPatch(
+            7,
+            "slice_boundary_index",
             SLICE_SAMPLE_ORDER_HEADER,
-            (2, 3),
-            tuple(sample_edits),
+            (2, 3, 4, 5, 6),
+            (
+                NewModule(
+                    f"{RB}/slice_sampling.py",
+                    "torchrl_fixes.slice_sampling",
+                    rewrites=(
+                        "from torchrl_fixes.slice_boundaries import",
+                        "from torchrl_fixes.trajectory_boundaries import",
+                    ),
+                ),
+                *_hook_edits(SAMPLE_HOOKS),
+            ),
             name="slice_sample_order",
         ),
     ]
@@ -734,9 +768,14 @@ def _header(patch: UpstreamPatch, series: Series) -> str:
         + f"Applies to: {series.label}, with `git apply -p1` from the repository root,\n"
         + "  after the patches before it.\n"
         + f"Depends on: {depends}.\n"
-        + "Written by `python -m devtools export-patches` from the runtime fix\n"
-        + f"  torchrl_fixes/fixes/{patch.fix}.py; do not edit by hand.\n"
+        + _tests_line(patch.number)
     )
+
+
+def _tests_line(number: int) -> str:
+    """The header line naming the test and benchmark files a patch adds."""
+    paths = UPSTREAM_FILES[number]
+    return f"Tests (in this diff): {', '.join(paths)}.\n" if paths else ""
 
 
 def series_patches(series: Series, folder: Path | None = None) -> list[Path]:
@@ -795,56 +834,118 @@ def export(out: Path | None = None, *, check: bool = False) -> list[str]:
     return changed
 
 
-SLICE_BOUNDARY_INDEX_HEADER = """\
-Subject: [PATCH] replay buffers: the boundary cache survives writes (incremental trajectory index)
+TRAJECTORY_ORDER_HEADER = """\
+Subject: [PATCH] replay buffers: TrajectoryOrder, a storage's trajectory stops in sorted chunks
 
 Problem
   SliceSampler (and SliceSamplerWithoutReplacement, PrioritizedSliceSampler)
-  recovers the trajectory boundaries from the whole storage at every sample:
-  it reads the trajectory-id or done column of every stored row, O(capacity).
-  _REPLAY_BOUNDARY_CACHE keeps them per storage mutation revision, and only
-  with cache_values=True: any write moves the revision and empties the entry,
-  so an online loop (write, sample, write, sample) pays the full cost at every
-  step: about a second per sample at 346M stored transitions.
+  recovers the trajectory boundaries of the whole storage at every sample
+  (_ReplayBoundaryIndex over _derive_end_flags and _end_to_start_stop): it
+  reads the trajectory-id or done column of every stored row, O(capacity).
+  _REPLAY_BOUNDARY_CACHE keeps the result per storage mutation revision, so
+  any write empties it: an online loop (write, sample, write, sample) pays the
+  whole pass at every step. This is the first of four pull requests that keep
+  the boundaries across writes; it adds the data structure alone.
 
 Change
-  The storage's entry in _REPLAY_BOUNDARY_CACHE also holds, per boundary
-  signal a sampler reads (traj_key ids, end_key flags, the union of end_keys),
-  the rows where trajectories end (new module trajectory_boundaries.py, pure
-  torch), kept sorted in chunks of about 1,024 with their trajectories' lengths
-  (new module trajectory_order.py, numpy). TensorStorage.set advances the entry
-  by the rows it writes, O(k), and files it under the new revision instead of
-  emptying it (new module storage_boundaries.py); the next sample reads the
-  signal of those rows only and rewrites the chunks they fall in, so the
-  boundaries cost O(k) per write whatever the capacity (listing them for
-  _sample_slices is O(trajectories); 0004 removes that). A whole-column build
-  (the first sample, or after a wholesale change) finds the ends of a column
-  on the CPU with numpy, several times faster than torch.nonzero on one
-  thread; other devices find them where they are, and only their positions
-  come to the host. Any mutation that records no rows (_empty,
-  load_state_dict, loads, the buffer's set_ / set_at_ / update_, a write from
-  another process sharing the storage, a compiled write) moves the revision
-  alone, and the entry is rebuilt from the whole storage at the next sample.
-  The boundaries are exactly those the whole-storage recovery finds, so every
-  sample is unchanged, and SliceSampler._get_stop_and_length uses them whatever
-  cache_values says (new module slice_boundaries.py): they are never stale.
-  What a sampler queries the entry with (the signal, the index, the storage's
-  length and cursor) is kept per sampler until the storage changes otherwise
-  than by the writes the entry records: a sample with no write since the last
-  looks nothing up again.
-  A sampler that names no trajectory key reads the ("next", "done") flags
-  instead of the ids TorchRL detects while both mark the same ends (checked on
-  the written rows, in batches); where they disagree (interleaved collectors) it
-  reads the ids and logs it once. The sample units (Sequence, SubgoalTriplet),
-  where TorchRL has them, find the index's boundaries in the same cache. The
-  whole-storage recovery still runs for:
+  New module trajectory_order.py (numpy and torch, no TorchRL import):
+  TrajectoryOrder keeps the stops of a storage's trajectories (the key
+  lane * capacity + row of each last row) sorted, in chunks of about 1,024 keys
+  held in two arenas (keys, lengths), as sortedcontainers.SortedList keeps its
+  chunks. replace(lo, hi, stops) rewrites only the chunks that hold [lo, hi]:
+  a write of k rows costs O(k + 1,024), never a copy of the others. Each chunk
+  caches its trajectories' lengths and, per minimum length, how many are that
+  long, so the i-th trajectory at least L rows long is found in
+  O(T / 1,024 + 1,024) for T trajectories (select, count, shortest), and
+  materialize() gives (start, stop, lengths) exactly as _end_to_start_stop
+  orders them, first trajectory of each lane wrapping around the ring
+  included. Nothing uses it yet: 0004 builds the index on it, 0007 draws from
+  it by rank.
+"""
+
+TRAJECTORY_BOUNDARIES_HEADER = """\
+Subject: [PATCH] replay buffers: TrajectoryBoundaries, a trajectory index advanced by the rows written
+
+Problem
+  See 0003: the whole-storage boundary recovery runs again after every write.
+  This pull request adds the index that replaces it, still unused.
+
+Change
+  New module trajectory_boundaries.py (pure torch and numpy):
+  TrajectoryBoundaries holds, for one boundary signal (trajectory ids, or
+  end-of-trajectory flags), the rows where trajectories end, in a
+  TrajectoryOrder (0003). mark_written(rows) queues the rows a write touched;
+  the next query reads the signal of those rows only (and of the row before
+  each run, whose end may change), rewrites the chunks they fall in, and
+  forces the stops the storage state makes (the last valid row of a storage
+  that is not full, the write cursor of a full one, a lane's last row), as
+  _derive_end_flags does: the boundaries are exactly the whole-signal
+  recovery's. A whole-column build (the first query, or after too many
+  queued rows) finds the ends on the CPU with numpy, several times faster
+  than torch.nonzero on one thread; on another device the ends are found
+  there and only their positions come to the host. EndFlagDisagreements
+  follows, with the same machinery, the rows where done flags and ids mark
+  different ends (0006 reads the flags while there are none).
+"""
+
+STORAGE_BOUNDARIES_HEADER = """\
+Subject: [PATCH] replay buffers: TensorStorage.set records the rows it writes in the boundary cache
+
+Problem
+  See 0003: every write moves the storage's _mutation_revision, and the
+  storage's entry in _REPLAY_BOUNDARY_CACHE, filed under the old revision, is
+  dropped: what was known of the trajectories before the write is lost.
+
+Change
+  New module storage_boundaries.py. The storage's entry in
+  _REPLAY_BOUNDARY_CACHE also holds a StorageBoundaries: one
+  TrajectoryBoundaries (0004) per boundary signal a sampler reads. At the end
+  of TensorStorage.set, _record_write marks the rows it wrote in each of them
+  and files the entry under the revision the write moved to, instead of
+  letting it drop: O(k) for k rows, under the cache lock. Writes it cannot
+  account for row by row (another write interleaved, a storage shared with
+  other processes, a compiled write) leave the entry under the old revision,
+  and it is rebuilt at the next query, as today. Storage.__getstate__ marks a
+  memmap storage copied outside torch.multiprocessing, whose files another
+  process may write. Every other mutation (_empty, load_state_dict, loads,
+  the buffer's set_ / set_at_ / update_) moves the revision alone, as today.
+  Samplers read nothing of it yet: 0006 does.
+"""
+
+SLICE_BOUNDARY_INDEX_HEADER = """\
+Subject: [PATCH] replay buffers: slice samplers read the trajectory index, never stale, whatever cache_values says
+
+Problem
+  SliceSampler (and SliceSamplerWithoutReplacement, PrioritizedSliceSampler)
+  recovers the trajectory boundaries from the whole storage at every sample,
+  O(capacity); cache_values=True keeps them only until the next write, so an
+  online loop pays the full pass at every step: about a second per sample at
+  346M stored transitions. Open in main's code: SliceSampler._get_stop_and_length
+  and SampleUnit._episode_boundaries build a _ReplayBoundaryIndex from the
+  whole column after every write (#2669 was closed, the cost is still there).
+
+Change
+  New module slice_boundaries.py. SliceSampler._get_stop_and_length asks the
+  storage's StorageBoundaries (0005) first: the signal the sampler reads
+  (traj_key ids, end_key flags or the union of end_keys) is found once per
+  sampler and storage, and the index (0004) gives the boundaries after O(k)
+  work per write of k rows; they are exactly the whole-storage recovery's,
+  so every sample is unchanged, and they are used whatever cache_values says:
+  never stale. What a sampler queries the index with (the signal, the index,
+  the storage's length and cursor) is kept until the storage changes
+  otherwise than by recorded writes. A sampler that names no trajectory key
+  reads the ("next", "done") flags instead of the ids TorchRL detects while
+  both mark the same ends (checked on the written rows); where they disagree
+  (interleaved collectors) it reads the ids and logs it once. The sample units
+  (Sequence, SubgoalTriplet) find the index's boundaries in the same cache.
+  The whole-storage recovery still runs for:
 {fallbacks}
 
 Upstream issue: https://github.com/pytorch/rl/issues/2669
 
-Measured effect (torchrl 0.14.1, torch 2.13.0+cpu, 2-core machine, one thread;
-`python -m devtools bench` and its `--full` seed-table rows, stock and the fixes
-of this series up to 0004 timed in turn)
+Measured effect (the same code as a runtime patch over torchrl 0.14.1, torch
+2.13.0+cpu, 2-core machine, one thread; 0003-0007 applied; stock and patched
+timed in turn)
   256 slices of 4, no value cache, median per sample, stock -> patched:
     5M stored / 6M capacity, episode ids       20.5 ms -> 0.37 ms
     5M stored / 600M capacity, episode ids     20.5 ms -> 0.37 ms
@@ -852,27 +953,13 @@ of this series up to 0004 timed in turn)
     346M stored / 600M capacity, done flags    556 ms -> 0.42 ms
     online loop, 40M / 60M, write 1,000 rows then sample: 91-164x faster
     first sample of a buffer just filled with 5M rows: 3.1-8.6x faster
-  Patched TorchRL's source alone (this patch applied, no runtime patching)
-  passes the same conformance suite: `nox -s upstream`.
-
-Tests to add to TorchRL (test/rb/)
-  - for SliceSampler, SliceSamplerWithoutReplacement and PrioritizedSliceSampler,
-    over LazyTensorStorage, LazyMemmapStorage and ndim=2 storages, partly filled,
-    full and wrapped: samples identical to the whole-storage recovery, given the
-    same generator state, after every write path (extend, add, rb[idx] = ...,
-    storage.set, a second buffer on the same storage, empty, load_state_dict,
-    loads, set_ / set_at_ / update_, a write from a spawned process);
-  - traj_key, end_key, end_keys and no key named (done flags read while they
-    agree with the ids, ids read after interleaved writes, one log line);
-  - TrajectoryBoundaries on its own: random writes and wraps against the
-    whole-signal recovery.
 """
 
 SLICE_SAMPLE_ORDER_HEADER = """\
 Subject: [PATCH] replay buffers: SliceSampler draws trajectories by rank, without listing them
 
 Problem
-  With the incremental index (0002) the boundaries cost O(k) per write of k
+  With the incremental index (0003-0006) the boundaries cost O(k) per write of k
   rows, but SliceSampler.sample still lists every trajectory (start, stop,
   length) and _sample_slices filters and indexes the whole listing at every
   sample: O(number of trajectories). With short episodes that dominates: 100M
@@ -881,7 +968,7 @@ Problem
 
 Change
   The index keeps each boundary signal's trajectory stops in a TrajectoryOrder
-  (0002's trajectory_order.py: sorted chunks of about 1,024 stops, each chunk
+  (0003's trajectory_order.py: sorted chunks of about 1,024 stops, each chunk
   with its trajectories' lengths and, per minimum length asked for, how many
   are that long). SliceSampler.sample now asks it first (new module
   slice_sampling.py): the same torch.randint draw, from the same generator,
@@ -899,17 +986,17 @@ Change
   one count per chunk, whatever the number of trajectories. Samplers that
   override _get_stop_and_length, _adjusted_batch_size, _sample_slices or
   _get_index (or _tensor_slices_from_startend, for the index alone), and
-  every configuration 0002 leaves to the whole-storage recovery, sample as
+  every configuration 0006 leaves to the whole-storage recovery, sample as
   before; SliceSamplerWithoutReplacement and PrioritizedSliceSampler keep
   their own sample() and read the listing, as before.
 
 Upstream issue: https://github.com/pytorch/rl/issues/2669
 
-Measured effect (torchrl 0.14.1, torch 2.13.0+cpu, 2-core machine, one thread;
-a sample of 2,048 rows as 32 slices right after a 1,000-row write, done flags,
+Measured effect (the same code as a runtime patch over torchrl 0.14.1, torch
+2.13.0+cpu, 2-core machine, one thread; a sample of 2,048 rows as 32 slices right after a 1,000-row write, done flags,
 against a RandomSampler sample of the same rows from the same storage in the
 same run; `python repro/floor.py --patched --stored N --episode L`)
-    stored, episode length (trajectories)   0002 alone     0002 + 0004
+    stored, episode length (trajectories)   0003-0006      with 0007   
     10M, 1,000 (10k)                         1.3x floor     1.09-1.20x floor
     10M, 100 (100k)                          2.0x floor     0.85-1.13x floor
     100M, 100 (1M)                           2.9-4.1x       0.86x floor
@@ -918,13 +1005,6 @@ same run; `python repro/floor.py --patched --stored N --episode L`)
   trajectories; `python -m devtools bench`, the sweep rows, stock and patched
   timed in turn): stock 57 -> 99 ms, patched 0.96-1.01 ms.
 
-Tests to add to TorchRL (test/rb/)
-  - TrajectoryOrder on its own: random replacements against a brute-force
-    listing (counts, the trajectory at every rank, per minimum length);
-  - SliceSampler with strict_length True and False, span, pad_output,
-    slice_len and num_slices, ndim=1 and ndim=2 storages, ids and done flags,
-    with and without trajectories shorter than the slice: samples identical to
-    the whole listing's, given the same generator state, after every write.
 """
 
 SINGLE_GATHER_HEADER = """\
@@ -953,19 +1033,11 @@ Change
 
 Upstream issue: https://github.com/pytorch/rl/issues/2422
 
-Measured effect (torchrl 0.14.1, torch 2.13.0+cpu, 2-core machine, one thread;
-`python -m devtools bench`, stock and patched timed in turn)
+Measured effect (the same code as a runtime patch over torchrl 0.14.1, torch
+2.13.0+cpu, 2-core machine, one thread, stock and patched timed in turn)
   TensorDictReplayBuffer sample of two 3x64x64 uint8 images per row, 2,048
   rows as 32 slices, 200k stored: SliceSampler 1.98x faster (71 -> 35.7 ms);
   the sample now costs what a RandomSampler sample of the same size costs
   (38.5 ms).
 
-Tests to add to TorchRL (test/rb/)
-  - for the three slice samplers over LazyTensorStorage, LazyMemmapStorage and
-    ndim=2 storages, with truncated_key set and None, with and without is_init
-    in the storage: data and info identical to reading storage[index];
-  - the storage is read once per sample (count TensorStorage.get calls);
-  - StreamingSliceSampler: a write gathers no image entry; the same windows
-    are queued when writes end inside an episode;
-  - ListStorage and tensorclass storages keep their info.
 """

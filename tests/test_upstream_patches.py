@@ -33,6 +33,16 @@ from torchrl_fixes.source_fingerprint import fingerprint_source, source_fingerpr
 from torchrl_fixes.versions import installed_version
 
 PATCHES = upstream_patches.SERIES[0].folder
+# The series, one pull request each, in merge order.
+SERIES_FILES = [
+    "0001-pinned-sample-output.patch",
+    "0002-single-gather.patch",
+    "0003-trajectory-order.patch",
+    "0004-trajectory-boundaries.patch",
+    "0005-storage-boundaries.patch",
+    "0006-slice-boundary-index.patch",
+    "0007-slice-sample-order.patch",
+]
 
 pytestmark = pytest.mark.skipif(
     str(installed_version("torchrl")) != NIGHTLY_VERSION or shutil.which("git") is None,
@@ -105,8 +115,7 @@ def test_generated_patches_are_what_the_fixes_write():
     """patches/main/ is exactly what export-patches writes from the runtime fixes and upstream/."""
     rendered = upstream_patches.render()
     assert list(rendered) == [
-        "0001-pinned-sample-output.patch", "0002-slice-boundary-index.patch",
-        "0003-single-gather.patch", "0004-slice-sample-order.patch",
+        *SERIES_FILES,
     ]
     for name, text in rendered.items():
         assert (PATCHES / name).read_text() == text, f"{name} is out of date: run export-patches"
@@ -171,15 +180,7 @@ def _methods(path: Path, cls: str, name: str) -> list[ast.FunctionDef]:
     return [n for n in body if isinstance(n, ast.FunctionDef) and n.name == name]
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        "0001-pinned-sample-output.patch",
-        "0002-slice-boundary-index.patch",
-        "0003-single-gather.patch",
-        "0004-slice-sample-order.patch",
-    ],
-)
+@pytest.mark.parametrize("name", SERIES_FILES)
 def test_each_patch_needs_only_what_it_declares(name, tmp_path):
     """A patch applies to TorchRL main with only the patches its header names applied first."""
     import torchrl
@@ -237,11 +238,11 @@ def test_export_check_names_a_stale_patch(tmp_path, capsys):
     assert main(["export-patches", "--check"]) == 0
     for patch in PATCHES.glob("*.patch"):
         shutil.copy(patch, tmp_path / patch.name)
-    stale = tmp_path / "0003-single-gather.patch"
+    stale = tmp_path / "0002-single-gather.patch"
     stale.write_text(stale.read_text().replace("_read_entries", "_read_all", 1))
     capsys.readouterr()
     assert main(["export-patches", "--check", "--patches", str(tmp_path)]) == 1
-    assert "0003-single-gather.patch: out of date" in capsys.readouterr().out
+    assert "0002-single-gather.patch: out of date" in capsys.readouterr().out
     assert main(["export-patches", "--patches", str(tmp_path)]) == 0
     assert stale.read_text() == (PATCHES / stale.name).read_text()
 
@@ -272,8 +273,7 @@ def test_the_series_lists_its_patches_in_order():
     assert upstream_patches.installed_series() is series
     listed = upstream_patches.series_patches(series)
     assert [p.name for p in listed] == [
-        "0001-pinned-sample-output.patch", "0002-slice-boundary-index.patch",
-        "0003-single-gather.patch", "0004-slice-sample-order.patch",
+        *SERIES_FILES,
     ]
     assert series.torchrl == NIGHTLY_VERSION
 

@@ -996,7 +996,7 @@ Measured effect (the same code as a runtime patch over torchrl 0.14.1, torch
 2.13.0+cpu, 2-core machine, one thread; a sample of 2,048 rows as 32 slices right after a 1,000-row write, done flags,
 against a RandomSampler sample of the same rows from the same storage in the
 same run; `python repro/floor.py --patched --stored N --episode L`)
-    stored, episode length (trajectories)   0003-0006      with 0007   
+    stored, episode length (trajectories)   0003-0006      with 0007
     10M, 1,000 (10k)                         1.3x floor     1.09-1.20x floor
     10M, 100 (100k)                          2.0x floor     0.85-1.13x floor
     100M, 100 (1M)                           2.9-4.1x       0.86x floor

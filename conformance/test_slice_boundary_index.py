@@ -905,8 +905,8 @@ def test_named_keys_are_read_as_named(keys, tmp_path):
     assert patched_sources(factory, 34) == [expected]
 
 
-def test_loaded_storage_reads_ids_until_emptied(tmp_path):
-    """Rows loaded with load_state_dict were not checked: ids until the storage is emptied."""
+def test_loaded_storage_reads_end_flags_checked_at_its_first_sample(tmp_path):
+    """Rows loaded with load_state_dict are checked at the first sample, as after a write."""
     setup = SliceSetup(keys="unnamed")
 
     def factory(sources):
@@ -926,8 +926,7 @@ def test_loaded_storage_reads_ids_until_emptied(tmp_path):
         return run
 
     sources = patched_sources(factory, 35, fresh_stock=True)
-    assert sources[0][0] == "trajectory"
-    assert sources[1] == END_FLAGS
+    assert sources == [END_FLAGS, END_FLAGS]
 
 
 # ---------------------------------------------------------------------------

@@ -162,13 +162,34 @@ def test_non_boolean_end_flags_are_left_to_stock():
     assert fallback_reason(sampler, storage) == "end flags that are not booleans"
 
 
+def _read_by_a_slice_sampler(storage):
+    """The storage's entry after a slice sampler that names no key has read it."""
+    from torchrl.data import SliceSampler
+
+    SliceSampler(slice_len=2).sample(storage, 2)
+    return sbi._storage_boundaries(storage)
+
+
+def test_a_storage_no_slice_sampler_has_read_records_no_write():
+    """Writes cost nothing for the index until a slice sampler reads the storage."""
+    storage = _storage()
+    storage.set(torch.arange(6, 8), storage[torch.arange(2)])
+    cached = sbi._REPLAY_BOUNDARY_CACHE.get(storage)
+    assert cached is None or sbi._INCREMENTAL not in cached[1]
+    boundaries = _read_by_a_slice_sampler(storage)
+    (index,) = boundaries.indexes.values()
+    assert index.built and index.pending_rows == 0
+    storage.set(torch.arange(8, 10), storage[torch.arange(2)])
+    assert index.pending_rows == 2
+
+
 def test_agreement_is_followed_for_the_id_keys_beside_done_flags():
     from torchrl.data import LazyTensorStorage
 
-    assert list(sbi._storage_boundaries(_storage()).agreements) == ["episode"]
+    assert list(_read_by_a_slice_sampler(_storage()).agreements) == ["episode"]
     ids_only = LazyTensorStorage(10)
     ids_only.set(torch.arange(4), TensorDict({"episode": torch.zeros(4)}, [4]))
-    assert sbi._storage_boundaries(ids_only).agreements == {}
+    assert _read_by_a_slice_sampler(ids_only).agreements == {}
     collector = LazyTensorStorage(10)
     collector.set(
         torch.arange(4),
@@ -177,14 +198,14 @@ def test_agreement_is_followed_for_the_id_keys_beside_done_flags():
             [4],
         ),
     )
-    assert list(sbi._storage_boundaries(collector).agreements) == [("collector", "traj_ids")]
+    assert list(_read_by_a_slice_sampler(collector).agreements) == [("collector", "traj_ids")]
 
 
 @pytest.mark.parametrize("batch, pending", [(1 << 16, 2), (2, 0)])
 def test_written_rows_are_checked_in_batches(batch, pending, monkeypatch):
     monkeypatch.setattr(sbi, "_AGREEMENT_BATCH", batch)
     storage = _storage()
-    agreement = sbi._storage_boundaries(storage).agreements["episode"]
+    agreement = _read_by_a_slice_sampler(storage).agreements["episode"]
     assert agreement.disagreements.built and agreement.disagreements.pending_rows == 0
     storage.set(
         torch.arange(6, 8),
@@ -250,7 +271,7 @@ def test_before_torchrl_014_the_revision_moves_before_the_write_is_recorded(monk
 
     monkeypatch.setattr(fix, "_backports_mutation_revision", lambda: True)
     before, after = fix._hooks()[("storages/tensor.py", "TensorStorage.set")]
-    assert before == ("revision = _mutation_revision(self)",)
+    assert before == ("revision = _revision_before_write(self)",)
     assert after == ("self._bump_mutation_revision()", "_record_write(self, cursor, revision)")
     assert ("storages/tensor.py", "TensorStorage._empty") in fix._hooks()
     monkeypatch.setattr(fix, "_backports_mutation_revision", lambda: False)

@@ -50,6 +50,7 @@ from tensordict import TensorDictBase, unravel_key
 
 from torchrl_fixes.storage_boundaries import (
     _column_signal,
+    _decide_pairs,
     _end_column,
     _END_KEY,
     _id_column,
@@ -148,9 +149,9 @@ def _agreeing_end_flags(
     the user named is read as named.
     """
     agreement = boundaries.agreements.get(unravel_key(id_key))
-    if agreement is None or not agreement.disagreements.built:
-        return None
-    if not _refresh_agreement(storage, id_key, agreement, length):
+    # not built yet (the first sample, or after a wholesale change): built here, from
+    # the whole storage, as the index is
+    if agreement is None or not _refresh_agreement(storage, id_key, agreement, length):
         return None
     if not agreement.disagreements.agree(
         length=length, at_capacity=at_capacity, cursor=cursor
@@ -433,6 +434,8 @@ def _plan_and_query(sampler, storage, query: Callable):
     boundaries = _storage_boundaries(storage)
     agreement = None
     with boundaries.lock:
+        if not boundaries.pairs_decided:
+            _decide_pairs(storage, boundaries)
         if not _may_read_end_flags(sampler):
             if not boundaries.unnamed_samplers and boundaries.agreements:
                 # Only samplers that name their keys read this storage so far:

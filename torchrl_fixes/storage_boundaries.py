@@ -57,6 +57,8 @@ from torchrl_fixes.trajectory_boundaries import (
 _INCREMENTAL = "incremental"
 # Set on a storage pickled or copied outside torch.multiprocessing.
 _COPIED_ATTR = "_boundary_cache_copied"
+# Set on a storage once it has an entry (a slice sampler read it).
+_READ_ATTR = "_boundary_index_read"
 # The trajectory-id keys a slice sampler reads when no key is named (TorchRL's
 # collectors write the first, datasets the second), and the end flags beside them.
 _ID_KEYS = (("collector", "traj_ids"), "episode")
@@ -129,6 +131,18 @@ def _mutation_revision(storage) -> int | None:
     return int(storage._mutation_revision)
 
 
+def _revision_before_write(storage) -> int | None:
+    """The mutation revision a write starts from, where the write is to be recorded.
+
+    ``None`` for a storage no slice sampler has read: its writes record nothing, and
+    the first sampler to read it builds its index from the whole storage.
+    """
+    # a compiled write is not traced here (see _mutation_revision)
+    if is_compiling() or not storage.__dict__.get(_READ_ATTR, False):
+        return None
+    return int(storage._mutation_revision)
+
+
 def _cached_boundaries(storage, revision: int) -> StorageBoundaries:
     """The incremental entry of ``storage``'s boundary cache, filed under ``revision``.
 
@@ -139,6 +153,7 @@ def _cached_boundaries(storage, revision: int) -> StorageBoundaries:
     boundaries = cached[1].get(_INCREMENTAL) if cached is not None else None
     if boundaries is None:
         boundaries = StorageBoundaries(revision)
+        storage.__dict__[_READ_ATTR] = True  # its writes are recorded from now on
     elif boundaries.revision != revision:
         boundaries.reset()
         boundaries.revision = revision
@@ -191,13 +206,18 @@ def _record_write(storage, cursor, revision_before: int | None) -> None:
     """Advances the boundary cache of ``storage`` by the rows ``storage.set(cursor, ...)`` wrote.
 
     ``revision_before`` is the storage's mutation revision before the write
-    (:func:`_mutation_revision`). Where another mutation happened in between, the
+    (:func:`_revision_before_write`). Where another mutation happened in between, the
     entry is reset instead.
     """
-    if is_compiling() or revision_before is None:
-        return
+    if revision_before is None or is_compiling():
+        return  # a storage no slice sampler has read, or a compiled write
     revision = _mutation_revision(storage)
     with _REPLAY_BOUNDARY_CACHE_LOCK:
+        cached = _REPLAY_BOUNDARY_CACHE.get(storage)
+        if cached is None or _INCREMENTAL not in cached[1]:
+            # No slice sampler has read this storage: nothing to advance, and the
+            # first one to read it builds its index from the whole storage.
+            return
         boundaries = _cached_boundaries(storage, revision_before)
         # a sample reading the entry finishes before it changes
         with boundaries.lock:

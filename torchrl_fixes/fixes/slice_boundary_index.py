@@ -85,7 +85,7 @@ else:
 # (patching.wrap_with_statements), so the two are the same code.
 INLINE_HOOKS = {
     ("storages/tensor.py", "TensorStorage.set"): (
-        ("revision = _mutation_revision(self)",),
+        ("revision = _revision_before_write(self)",),
         ("_record_write(self, cursor, revision)",),
     ),
     ("storages/base.py", "Storage.__getstate__"): (("_record_copy(self)",), ()),

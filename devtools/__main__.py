@@ -116,10 +116,13 @@ def parser() -> argparse.ArgumentParser:
         "--checkout",
         type=Path,
         default=None,
+        metavar="PATH",
         help="a pytorch/rl clone: its test/, benchmarks/, setup.cfg, pyproject.toml, pytest.ini "
         "and scripts/check-docstring-args join the tree",
     )
-    review.add_argument("--patches", type=Path, default=None, help="the series folder (default: patches/main/)")
+    review.add_argument(
+        "--patches", type=Path, default=None, metavar="DIR", help="the series folder (default: patches/main/)"
+    )
     review.add_argument(
         "--touched-tests",
         action="store_true",

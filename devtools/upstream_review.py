@@ -92,6 +92,10 @@ class PullRequestReview:
     def not_passing_after(self) -> list[Case]:
         return [case for case in self.after if case.outcome in ("failed", "error")]
 
+    def new_tests_failing(self) -> int:
+        """Its new tests that fail after it, and its test modules that cannot be collected."""
+        return len(self.not_passing_after()) + len(self.after_errors)
+
     def missed_bars(self) -> list[str]:
         """Each bar this PR misses, in words."""
         if not self.applies:
@@ -104,7 +108,7 @@ class PullRequestReview:
         if self.torchrl_lines and not self.test_files:
             missed.append(f"{self.number}: no test/ file")
         missed += [f"{self.number}: {h.name} {len(h.findings)}" for h in self.hooks if not h.ok]
-        failing = len(self.not_passing_after()) + len(self.after_errors)
+        failing = self.new_tests_failing()
         if failing:
             missed.append(f"{self.number}: {failing} new test(s) not passing")
         if self.regressions:
@@ -381,6 +385,14 @@ FAIL_MARK = " ✗"
 SHOWN_FINDINGS = 50  # per hook and PR; --keep leaves the tree to see the rest
 
 
+def _hook_cell(hook: HookResult) -> str:
+    if hook.skipped:
+        return "skipped"
+    if not hook.files:
+        return "-"
+    return "ok" if hook.ok else f"{len(hook.findings)}{FAIL_MARK}"
+
+
 def _table_rows(pr: PullRequestReview) -> list[tuple[str, str]]:
     """(label, cell) of one PR's column; a cell that misses its bar ends in :data:`FAIL_MARK`."""
 
@@ -399,28 +411,16 @@ def _table_rows(pr: PullRequestReview) -> list[tuple[str, str]]:
     rows.append(
         ("test/ files (>= 1)", mark(len(pr.test_files), pr.torchrl_lines > 0 and not pr.test_files))
     )
-    for hook in pr.hooks:
-        cell = (
-            "skipped"
-            if hook.skipped
-            else "-"
-            if not hook.files
-            else "ok"
-            if hook.ok
-            else mark(len(hook.findings), True)
+    rows += [(hook.name, _hook_cell(hook)) for hook in pr.hooks]
+    failing = pr.new_tests_failing()
+    if pr.after or failing:
+        passed = sum(case.outcome == "passed" for case in pr.after)
+        skipped = sum(case.outcome == "skipped" for case in pr.after)
+        rows.append(
+            ("new tests after: pass/fail/skip", mark(f"{passed}/{failing}/{skipped}", failing))
         )
-        rows.append((hook.name, cell))
-    counts = {
-        o: sum(c.outcome == o for c in pr.after) for o in ("passed", "failed", "error", "skipped")
-    }
-    failing = counts["failed"] + counts["error"] + len(pr.after_errors)
-    ran = pr.after or pr.after_errors
-    rows.append(
-        (
-            "new tests after: pass/fail/skip",
-            mark(f"{counts['passed']}/{failing}/{counts['skipped']}", failing) if ran else "-",
-        )
-    )
+    else:
+        rows.append(("new tests after: pass/fail/skip", "-"))
     assertion = sum(o.kind == "assertion" for o in pr.stock)
     errors = sum(o.kind == "error" for o in pr.stock)
     rows.append(("fail before PR: assert/error", f"{assertion}/{errors}" if pr.stock else "-"))

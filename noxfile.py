@@ -1,4 +1,4 @@
-"""Sessions: tests, conformance over the TorchRL release matrix, lint, benchmark, compare, upstream.
+"""Sessions: tests, conformance over the TorchRL release matrix, lint, benchmark, compare, upstream, upstream_review.
 
 Every environment installs torch first, explicitly: ``TORCHRL_FIXES_TORCH`` if set,
 else ``torch==2.13.0``. Which build that gives depends on where pip looks: from the
@@ -22,8 +22,10 @@ any requirement pip takes, for example a wheel file or ``torch==2.13.0+cpu``:
     nox -s benchmark -- --compare BASELINE.json
     nox -s compare                   # stock vs patched outputs (pinning), side by side
     nox -s upstream                  # patches/main/ applied to TorchRL main's source, no runtime patching
+    nox -s upstream_review           # patches/main/ reviewed PR by PR as TorchRL's CI would (pinned hooks, tests)
+    nox -s upstream_review -- --checkout /path/to/rl
 
-``benchmark``, ``compare`` and ``upstream`` run the repository's development tooling,
+``benchmark``, ``compare``, ``upstream`` and ``upstream_review`` run the repository's development tooling,
 ``python -m devtools``, from this folder.
 """
 from __future__ import annotations
@@ -34,12 +36,12 @@ import sys
 import nox
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from devtools.torchrl_matrix import (  # noqa: E402
-    MATRIX,
-    NEWEST,
-    UPSTREAM_FORMATTER,
-    torchrl_requirements,
+from devtools.review_hooks import (  # noqa: E402
+    FORMATTER_REQUIREMENTS,
+    HOOK_REQUIREMENTS,
+    VERMIN_REQUIREMENT,
 )
+from devtools.torchrl_matrix import MATRIX, NEWEST, torchrl_requirements  # noqa: E402
 
 nox.options.reuse_existing_virtualenvs = True
 nox.options.sessions = ["lint", "tests", "conformance", "conformance_extension"]
@@ -130,7 +132,7 @@ def lint(session: nox.Session) -> None:
     and syntax newer than 3.10 that it knows, ``devtools/python_floor.py`` what vermin
     lets through (``python -m devtools.python_floor --help`` lists it).
     """
-    session.install("ruff>=0.6", "vermin==1.9.2")
+    session.install("ruff>=0.6", VERMIN_REQUIREMENT)
     session.run("ruff", "check", *LINT_PATHS)
     # --eval-annotations: annotations are checked as if evaluated (typing.get_type_hints
     # does), although `from __future__ import annotations` leaves them as strings;
@@ -177,7 +179,7 @@ def upstream(session: nox.Session) -> None:
     install (``conformance/stock_source.py``). Arguments after ``--`` go to pytest.
     """
     _install(session, "nightly")
-    session.install(*UPSTREAM_FORMATTER)  # export-patches writes the series through it
+    session.install(*FORMATTER_REQUIREMENTS)  # export-patches writes the series through it
     session.run("python", "-m", "devtools", "export-patches", "--check")
     session.run("python", "-m", "pytest", "tests/test_upstream_patches.py", "-q")
     work = os.path.abspath(session.create_tmp())
@@ -197,6 +199,28 @@ def upstream(session: nox.Session) -> None:
     session.run(
         "python", "-m", "devtools", "bench", "--out", os.path.join(work, "results"), env=env
     )
+
+
+@nox.session
+def upstream_review(session: nox.Session) -> None:
+    """``patches/main/`` reviewed one pull request at a time, as TorchRL's CI would.
+
+    Copies the pinned torchrl-nightly build into a git tree, applies each patch as a
+    commit, and reports per PR: whether it applies, its ``torchrl/`` lines, its test
+    files, upstream's pre-commit hooks at their pinned versions (installed here, from
+    ``devtools/review_hooks.py``) on what it touches, and its tests on the tree after
+    and before it, with ``TORCHRL_FIXES=0``. Exits 1 when a bar of the upstream
+    contract is missed. With a pytorch/rl checkout its tests, benchmarks and settings
+    join the tree and its ``scripts/check-docstring-args`` runs:
+
+        nox -s upstream_review -- --checkout /path/to/rl
+
+    Arguments after ``--`` go to ``python -m devtools upstream-review`` (``--keep``,
+    ``--touched-tests``, ``--patches DIR``).
+    """
+    _install(session, "nightly")
+    session.install(*HOOK_REQUIREMENTS)
+    session.run("python", "-m", "devtools", "upstream-review", *session.posargs)
 
 
 @nox.session

@@ -12,6 +12,10 @@ repository, beside the conformance suite (``conformance/``) and the upstream dif
 - ``export-patches`` and ``patched-copy`` (:mod:`devtools.upstream_patches`): the
   upstream diffs written from the runtime fixes, and a copy of the installed TorchRL
   with them applied;
+- ``upstream-review`` (:mod:`devtools.upstream_review`): the ``patches/main/``
+  series reviewed one pull request at a time as TorchRL's CI would, with upstream's
+  pinned hooks (:mod:`devtools.review_hooks`) and each PR's tests before and after
+  it (:mod:`devtools.review_pytest`);
 - :mod:`devtools.torchrl_suite`, a pytest plugin (``-p devtools.torchrl_suite``) that
   applies the fixes before TorchRL's own test suite imports TorchRL, and
   :mod:`devtools.compare_junit`, which lists the tests that pass on stock and not with

@@ -1,4 +1,4 @@
-"""``python -m devtools {bench,compare,export-patches,patched-copy}``, from the repository root.
+"""``python -m devtools {bench,compare,export-patches,patched-copy,upstream-review}``, from the repository root.
 
 Each command has its own options (``python -m devtools bench --help``); see
 :mod:`devtools` for what each does.
@@ -102,6 +102,33 @@ def parser() -> argparse.ArgumentParser:
     )
     copy.add_argument("dest", type=Path, help="the folder to copy TorchRL into")
     copy.add_argument("--patches", type=Path, default=None, help="the patches folder (default: patches/main/)")
+
+    review = commands.add_parser(
+        "upstream-review",
+        help="review patches/main/ one pull request at a time, as TorchRL's CI would",
+        description="Copies the installed TorchRL (the pinned nightly) into a git tree, applies "
+        "each patch of the series as one commit, and reports per PR: whether it applies, its "
+        "torchrl/ lines, its test files, upstream's pinned hooks on what it touches, and its "
+        "tests after and before it. Exits 1 when a bar of the upstream contract is missed.",
+    )
+    review.add_argument(
+        "--checkout",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="a pytorch/rl clone: its test/, benchmarks/, setup.cfg, pyproject.toml, pytest.ini "
+        "and scripts/check-docstring-args join the tree",
+    )
+    review.add_argument(
+        "--patches", type=Path, default=None, metavar="DIR", help="the series folder (default: patches/main/)"
+    )
+    review.add_argument(
+        "--touched-tests",
+        action="store_true",
+        help="with --checkout: also run, before and after each PR, TorchRL's test modules "
+        "that import a module it touches (or that module's package)",
+    )
+    review.add_argument("--keep", action="store_true", help="keep the tree and print its path")
     return top
 
 
@@ -130,6 +157,20 @@ def main(argv: list[str] | None = None) -> int:
         if not changed:
             print(f"{folder}: every patch is up to date")
         return 0
+
+    if args.command == "upstream-review":
+        from devtools import upstream_review
+
+        try:
+            return upstream_review.run(
+                checkout=args.checkout,
+                patches=args.patches,
+                keep=args.keep,
+                touched_tests=args.touched_tests,
+            )
+        except upstream_review.ReviewError as err:
+            print(f"{command}: {err}", file=sys.stderr)
+            return 2
 
     import torchrl_fixes
 

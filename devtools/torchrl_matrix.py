@@ -27,9 +27,3 @@ def torchrl_requirements(torchrl: str) -> list[str]:
     if torchrl == "nightly":
         return list(NIGHTLY)
     return [f"torchrl=={torchrl}", f"tensordict=={RELEASES[torchrl]}"]
-
-# Upstream's formatter as pytorch/rl's .pre-commit-config.yaml pins it (ufmt with its
-# additional dependencies): export-patches writes the series' library code through it.
-UPSTREAM_FORMATTER = ("ufmt==2.8.0", "black==22.3.0", "usort==1.0.3", "libcst==1.0.1")
-# pytorch/rl's pyproject.toml configures usort so; the formatter needs it beside the files.
-UPSTREAM_USORT_CONFIG = "[tool.usort]\nfirst_party_detection = false\n"

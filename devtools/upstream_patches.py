@@ -41,12 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from devtools.torchrl_matrix import (
-    NIGHTLY,
-    NIGHTLY_VERSION,
-    UPSTREAM_FORMATTER,
-    UPSTREAM_USORT_CONFIG,
-)
+from devtools.review_hooks import FORMATTER_REQUIREMENTS, UPSTREAM_PYPROJECT
+from devtools.torchrl_matrix import NIGHTLY, NIGHTLY_VERSION
 
 RB = "torchrl/data/replay_buffers"
 PATCHES_DIR = Path(__file__).resolve().parent.parent / "patches"
@@ -718,7 +714,7 @@ def _formatted(files: dict[str, str]) -> dict[str, str]:
         return {}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        (root / "pyproject.toml").write_text(UPSTREAM_USORT_CONFIG)
+        (root / "pyproject.toml").write_text(UPSTREAM_PYPROJECT)
         for path, text in files.items():
             (root / path).parent.mkdir(parents=True, exist_ok=True)
             (root / path).write_text(text)
@@ -726,7 +722,7 @@ def _formatted(files: dict[str, str]) -> dict[str, str]:
             [sys.executable, "-m", "ufmt", "format", *files], cwd=root, capture_output=True, text=True
         )
         if result.returncode:
-            needs = " ".join(UPSTREAM_FORMATTER)
+            needs = " ".join(FORMATTER_REQUIREMENTS)
             raise ExportError(f"upstream's formatter did not run (pip install {needs}): "
                               + (result.stderr.strip().splitlines() or ["no output"])[-1])
         return {path: (root / path).read_text() for path in files}

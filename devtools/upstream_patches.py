@@ -84,13 +84,13 @@ SERIES = (
 # patch number: paths in pytorch/rl, kept in this repository under upstream/.
 UPSTREAM_DIR = Path(__file__).resolve().parent.parent / "upstream"
 UPSTREAM_FILES: dict[int, tuple[str, ...]] = {
-    1: (),
-    2: (),
+    1: ("test/rb/test_rb_pin_memory.py",),
+    2: ("test/rb/test_slice_sampler_info.py",),
     3: (),
     4: (),
-    5: (),
+    5: ("test/rb/test_storage_boundaries.py",),
     6: (),
-    7: (),
+    7: ("test/rb/test_slice_sampler_draw_by_rank.py",),
 }
 # upstream/ test files import the runtime's new modules; in TorchRL they live here.
 _UPSTREAM_IMPORT = re.compile(r"^from torchrl_fixes\.(\w+) import", re.MULTILINE)

@@ -1,0 +1,174 @@
+# Copyright (c) Meta Platforms, Inc. and affiliates.
+#
+# This source code is licensed under the MIT license found in the
+# LICENSE file in the root directory of this source tree.
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from tensordict import TensorDict
+from torch.utils._pytree import tree_flatten
+
+from torchrl.data import (
+    ReplayBuffer,
+    TensorDictPrioritizedReplayBuffer,
+    TensorDictReplayBuffer,
+)
+from torchrl.data.replay_buffers.samplers import SliceSampler
+from torchrl.data.replay_buffers.storages import (
+    LazyMemmapStorage,
+    LazyTensorStorage,
+    ListStorage,
+)
+
+_has_accelerator = (
+    torch.accelerator.is_available()
+    if hasattr(torch, "accelerator")
+    else torch.cuda.is_available()
+)
+
+# the replay buffers pin_memory is checked on, by kind
+BUFFER_KINDS = [
+    "tensordict",
+    "memmap",
+    "ndim2",
+    "slice",
+    "slice-ndim2",
+    "new-tensordict-transform",
+    "prioritized",
+    "tensor",
+    "tuple",
+]
+CAPACITY = 24
+
+
+def _new_tensordict(td):
+    # a transform that builds a new TensorDict: its device is None
+    return TensorDict({"obs": td["obs"]}, batch_size=td.batch_size)
+
+
+def _transitions(shape):
+    done = torch.zeros(*shape, 1, dtype=torch.bool)
+    done[..., 5::6, :] = True
+    return TensorDict(
+        {
+            "obs": torch.randn(*shape, 3),
+            ("next", "done"): done,
+            ("next", "terminated"): done.clone(),
+        },
+        shape,
+    )
+
+
+def _make_buffer(kind, **kwargs):
+    """A filled replay buffer of the given kind, built with ``kwargs``."""
+    if kind == "tensor":
+        rb = ReplayBuffer(storage=LazyTensorStorage(CAPACITY), batch_size=6, **kwargs)
+        rb.extend(torch.randn(CAPACITY, 3))
+        return rb
+    if kind == "tuple":
+        rb = ReplayBuffer(storage=ListStorage(CAPACITY), batch_size=6, **kwargs)
+        rb.extend([(torch.randn(3), torch.randn(())) for _ in range(CAPACITY)])
+        return rb
+    if kind == "prioritized":
+        pytest.importorskip("torchrl._torchrl", exc_type=ImportError)
+        rb = TensorDictPrioritizedReplayBuffer(
+            alpha=0.7,
+            beta=0.5,
+            storage=LazyTensorStorage(CAPACITY),
+            batch_size=6,
+            **kwargs,
+        )
+        rb.extend(_transitions((CAPACITY,)))
+        return rb
+    ndim = 2 if kind.endswith("ndim2") else 1
+    if kind == "memmap":
+        storage = LazyMemmapStorage(CAPACITY)
+    else:
+        storage = LazyTensorStorage(CAPACITY, ndim=ndim)
+    if kind.startswith("slice"):
+        kwargs["sampler"] = SliceSampler(num_slices=2, end_key=("next", "done"))
+    if kind == "new-tensordict-transform":
+        kwargs["transform"] = _new_tensordict
+    rb = TensorDictReplayBuffer(storage=storage, batch_size=6, **kwargs)
+    rb.extend(_transitions((2, CAPACITY // 2) if ndim == 2 else (CAPACITY,)))
+    return rb
+
+
+def _tensors(output):
+    leaves, _ = tree_flatten(output)
+    return [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
+
+
+def _assert_equal(output, expected):
+    leaves, spec = tree_flatten(output)
+    expected_leaves, expected_spec = tree_flatten(expected)
+    assert spec == expected_spec
+    for leaf, expected_leaf in zip(leaves, expected_leaves):
+        assert torch.equal(leaf, expected_leaf)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
+class TestPinMemory:
+    @pytest.mark.parametrize("kind", BUFFER_KINDS)
+    @pytest.mark.parametrize("prefetch", [0, 2])
+    def test_sample_is_pinned(self, kind, prefetch):
+        rb = _make_buffer(kind, pin_memory=True, prefetch=prefetch)
+        for _ in range(3):
+            # the info and the entries it adds to a TensorDict (index, slice
+            # flags) are pinned with the data
+            output = rb.sample(return_info=True)
+            tensors = _tensors(output)
+            assert tensors
+            assert all(tensor.is_pinned() for tensor in tensors)
+
+    def test_getitem_is_pinned(self):
+        rb = _make_buffer("new-tensordict-transform", pin_memory=True)
+        output = rb[torch.tensor([0, 3, 2])]
+        assert output.device is None
+        assert all(tensor.is_pinned() for tensor in _tensors(output))
+
+
+@pytest.mark.skipif(_has_accelerator, reason="an accelerator is available")
+class TestPinMemoryWithoutAccelerator:
+    @pytest.mark.parametrize("kind", BUFFER_KINDS)
+    def test_sample_warns_and_returns_unpinned(self, kind):
+        torch.manual_seed(0)
+        rb = _make_buffer(kind, pin_memory=True)
+        torch.manual_seed(0)
+        rb_unpinned = _make_buffer(kind, pin_memory=False)
+        torch.manual_seed(1)
+        expected = rb_unpinned.sample(return_info=True)
+        torch.manual_seed(1)
+        with pytest.warns(UserWarning, match="no accelerator") as record:
+            output = rb.sample(return_info=True)
+        assert len(record) == 1
+        # the warning names the line that sampled
+        assert record[0].filename == __file__
+        _assert_equal(output, expected)
+        assert not any(tensor.is_pinned() for tensor in _tensors(output))
+
+    def test_getitem_warns_and_returns_unpinned(self):
+        rb = _make_buffer("new-tensordict-transform", pin_memory=True)
+        index = torch.tensor([0, 3, 2])
+        with pytest.warns(UserWarning, match="no accelerator"):
+            output = rb[index]
+        _assert_equal(output, _new_tensordict(rb.storage[index]))
+
+    @pytest.mark.parametrize("prefetch", [0, 2])
+    def test_warns_once_per_buffer(self, prefetch):
+        buffers = [
+            _make_buffer("tensordict", pin_memory=True, prefetch=prefetch)
+            for _ in range(2)
+        ]
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            for rb in buffers:
+                for _ in range(3):
+                    rb.sample()
+        record = [w for w in record if "no accelerator" in str(w.message)]
+        assert len(record) == 2
+        assert all(issubclass(w.category, UserWarning) for w in record)

@@ -1,0 +1,105 @@
+# Copyright (c) Meta Platforms, Inc. and affiliates.
+#
+# This source code is licensed under the MIT license found in the
+# LICENSE file in the root directory of this source tree.
+import pytest
+import torch
+from tensordict import TensorDict
+
+from torchrl.data import LazyTensorStorage
+from torchrl.data.replay_buffers import SliceSampler
+
+
+class ListingSliceSampler(SliceSampler):
+    """A SliceSampler that samples from the list of every trajectory.
+
+    Overriding ``_sample_slices`` keeps :meth:`SliceSampler.sample` on the path
+    that lists the trajectories: the reference the draw by rank must equal.
+    """
+
+    def _sample_slices(self, *args, **kwargs):
+        return super()._sample_slices(*args, **kwargs)
+
+
+def _assert_same_sample(sample, expected):
+    (index, info), (expected_index, expected_info) = sample, expected
+    for got, want in zip(index, expected_index, strict=True):
+        assert torch.equal(got, want)
+    assert info.keys() == expected_info.keys()
+    for key in info:
+        assert torch.equal(info[key], expected_info[key]), key
+
+
+def _storage(lengths, capacity, ndim):
+    """Trajectories of ``lengths`` steps written in turn, wrapping past ``capacity``."""
+    episode = torch.cat([torch.full((n,), i) for i, n in enumerate(lengths)])
+    done = torch.cat([torch.arange(n) == n - 1 for n in lengths])
+    rows = episode.numel()
+    data = TensorDict(
+        {
+            "episode": episode,
+            "obs": torch.arange(rows),
+            ("next", "done"): done[:, None],
+        },
+        [rows],
+    )
+    if ndim == 2:
+        # two lanes of ``capacity`` rows
+        storage = LazyTensorStorage(2 * capacity, ndim=2)
+        data = torch.stack([data, data.apply(lambda x: x.flip(0))], 1)
+    else:
+        storage = LazyTensorStorage(capacity)
+    cursor = 0
+    while cursor < rows:
+        step = min(rows - cursor, 7)
+        index = torch.arange(cursor, cursor + step) % capacity
+        storage.set(index, data[cursor : cursor + step])
+        cursor += step
+    return storage
+
+
+class TestSliceSamplerDrawByRank:
+    @pytest.mark.parametrize("ndim", [1, 2])
+    @pytest.mark.parametrize("strict_length", [True, False])
+    @pytest.mark.parametrize("keys", ["traj_key", "end_key", "none"])
+    @pytest.mark.parametrize("capacity", [200, 97])
+    def test_same_sample_as_the_listing(self, ndim, strict_length, keys, capacity):
+        lengths = [3, 9, 2, 14, 6, 1, 11, 4] * 4
+        storage = _storage(lengths, capacity, ndim)
+        kwargs = {
+            "traj_key": {"traj_key": "episode"},
+            "end_key": {"end_key": ("next", "done")},
+            "none": {},
+        }[keys]
+        samplers = [
+            cls(slice_len=4, strict_length=strict_length, **kwargs)
+            for cls in (SliceSampler, ListingSliceSampler)
+        ]
+        for seed in range(5):
+            samples = []
+            for sampler in samplers:
+                torch.manual_seed(seed)
+                samples.append(sampler.sample(storage, 32))
+            _assert_same_sample(*samples)
+
+    def test_same_sample_after_writes(self):
+        storage = _storage([5, 8, 3, 12] * 3, 40, 1)
+        samplers = [
+            cls(num_slices=4, traj_key="episode", strict_length=False)
+            for cls in (SliceSampler, ListingSliceSampler)
+        ]
+        for step in range(20):
+            data = TensorDict(
+                {
+                    "episode": torch.full((3,), 100 + step // 2),
+                    "obs": torch.arange(3),
+                    ("next", "done"): torch.tensor([[False], [False], [step % 2 == 1]]),
+                },
+                [3],
+            )
+            storage.set(torch.arange(3 * step, 3 * step + 3) % 40, data)
+            samples = []
+            for sampler in samplers:
+                torch.manual_seed(step)
+                samples.append(sampler.sample(storage, 16))
+            _assert_same_sample(*samples)

@@ -86,10 +86,13 @@ UPSTREAM_DIR = Path(__file__).resolve().parent.parent / "upstream"
 UPSTREAM_FILES: dict[int, tuple[str, ...]] = {
     1: ("test/rb/test_rb_pin_memory.py",),
     2: ("test/rb/test_slice_sampler_info.py",),
-    3: (),
-    4: (),
+    3: ("test/rb/test_trajectory_order.py",),
+    4: ("test/rb/test_trajectory_boundaries.py",),
     5: ("test/rb/test_storage_boundaries.py",),
-    6: (),
+    6: (
+        "test/rb/test_slice_sampler_boundary_cache.py",
+        "benchmarks/test_slice_sampler_online_benchmark.py",
+    ),
     7: ("test/rb/test_slice_sampler_draw_by_rank.py",),
 }
 # upstream/ test files import the runtime's new modules; in TorchRL they live here.

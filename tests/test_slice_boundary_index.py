@@ -1,4 +1,4 @@
-"""Unit tests of the slice_boundary_index fix's wiring (the index itself: test_trajectory_boundaries)."""
+"""Unit tests of the slice_boundary_index fix's wiring (the index itself: upstream/test/rb/test_trajectory_boundaries.py)."""
 from __future__ import annotations
 
 import copy

@@ -11,3 +11,4 @@ import torchrl_fixes  # noqa: F401
 def pytest_configure(config):
     # markers pytorch/rl registers in its pytest.ini
     config.addinivalue_line("markers", "gpu: mark test as requiring a GPU (CUDA device)")
+    config.addinivalue_line("markers", "slow: the largest sizes of upstream/benchmarks")

@@ -36,7 +36,7 @@ def test_readme_status_output_quotes_the_declared_fallbacks():
 def test_patch_headers_render_the_declared_fallbacks(fix):
     from devtools.upstream_patches import fallbacks_text
 
-    (patch,) = (ROOT / "patches").glob(f"*-{fix.name.replace('_', '-')}.patch")
+    (patch,) = (ROOT / "patches" / "main").glob(f"*-{fix.name.replace('_', '-')}.patch")
     header = patch.read_text().split("\ndiff --git ")[0]
     assert fallbacks_text(fix.name) in header
     flat = " ".join(header.split())

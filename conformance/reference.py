@@ -115,11 +115,13 @@ def stock_attribute(owner: Any, name: str) -> Any:
 
 def boundary_index_module(part: str = "slice"):
     """A module of the slice boundary index: ``"slice"`` (what samplers read:
-    ``boundary_source``, ``fallback_reason``) or ``"storage"`` (the storage's entry:
-    ``_AGREEMENT_BATCH``, ``_storage_boundaries``)."""
-    name = {"slice": "slice_boundaries", "storage": "storage_boundaries"}[part]
+    ``boundary_source``, ``fallback_reason``), ``"storage"`` (the storage's entry and
+    its signals: ``_AGREEMENT_BATCH``) or ``"cache"`` (the boundary cache's functions:
+    ``_storage_boundaries``, ``is_compiling``; TorchRL's ``utils`` upstream)."""
     if UPSTREAM:
+        name = {"slice": "slice_boundaries", "storage": "storage_boundaries", "cache": "utils"}[part]
         return importlib.import_module(f"torchrl.data.replay_buffers.{name}")
+    name = {"slice": "slice_boundaries", "storage": "storage_boundaries", "cache": "boundary_cache"}[part]
     return importlib.import_module(f"torchrl_fixes.{name}")
 
 

@@ -79,11 +79,10 @@ def _sample_after_unrecorded_write(monkeypatch):
     # A write run as compiled code runs it: torch.compiler.is_compiling() is True.
     with monkeypatch.context() as patch:
         patch.setattr(torch.compiler, "is_compiling", lambda: True)
-        modules = [reference.boundary_index_module("storage")]
         if not reference.UPSTREAM:
-            modules.append(importlib.import_module("torchrl_fixes.mutation_revision"))
-        for module in modules:
-            patch.setattr(module, "is_compiling", lambda: True)
+            # the backported revision imports it by name
+            mutation_revision = importlib.import_module("torchrl_fixes.mutation_revision")
+            patch.setattr(mutation_revision, "is_compiling", lambda: True)
         rb.storage.set(torch.arange(120, 200), _episodes(120, 80, 7))
     out.append(rb.sample())
     rb.extend(_episodes(200, 30, 5))

@@ -1,9 +1,10 @@
 """TorchRL's sample units (``Sequence``, ``SubgoalTriplet``) read the boundary index.
 
-On TorchRL main a replay buffer can expand each sampled anchor into a sequence
-(``sample_unit=Sequence(...)``) or a goal triplet; both recover episode
-boundaries from the done flags of the whole storage. With the slice boundary
-index those boundaries come from the storage's index, and the samples must stay
+A replay buffer can expand each sampled anchor into a sequence
+(``sample_unit=Sequence(...)``) or, on TorchRL main, a goal triplet; both recover
+episode boundaries from the done flags of the whole storage, through
+``_ReplayBoundaryIndex``. With the slice boundary index those boundaries come from
+the storage's index, and the samples must stay
 exactly stock's across writes, wrap-around and ``ndim=2`` storages. Releases
 without sample units skip this file.
 """
@@ -33,9 +34,9 @@ def _rows(start: int, count: int, length: int, lanes: int = 0) -> TensorDict:
     return TensorDict({"obs": step.float(), ("next", "done"): done.unsqueeze(-1)}, [count])
 
 
-# TorchRL 0.14's sample units recover their boundaries on their own; from TorchRL
-# main on they go through SampleUnit._episode_boundaries, which the index serves.
-SERVED = "_episode_boundaries" in vars(sample_units.SampleUnit)
+# The sample units ask _ReplayBoundaryIndex for their episode boundaries, which the
+# storage's index serves where nothing is cached.
+SERVED = hasattr(sample_units, "_ReplayBoundaryIndex")
 
 
 def _unit(kind: str):
@@ -107,9 +108,11 @@ def test_sample_unit_reads_the_index_not_the_column():
     rb.extend(_rows(0, 600, length=9))
     rb.sample()
     rb.extend(_rows(600, 10, length=9))
-    entry = reference.boundary_index_module("storage")._storage_boundaries(rb.storage)
-    index = next(iter(entry.indexes.values()))
+    entry = reference.boundary_index_module("cache")._storage_boundaries(rb.storage)
+    # the index of the unit's done flags, the only one read
+    (index_key,) = entry.indexes
+    assert index_key == ("end", ("next", "done"))
+    index = entry.indexes[index_key]
     assert index.pending_rows == 10
     rb.sample()
     assert index.pending_rows == 0
-    assert reference.boundary_index_module().boundary_source(rb.storage) == ("end", ("next", "done"))

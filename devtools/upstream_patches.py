@@ -85,10 +85,10 @@ SERIES = (
 UPSTREAM_DIR = Path(__file__).resolve().parent.parent / "upstream"
 UPSTREAM_FILES: dict[int, tuple[str, ...]] = {
     1: ("test/rb/test_rb_pin_memory.py",),
-    2: ("test/rb/test_slice_sampler_info.py",),
+    2: ("test/rb/test_slice_sampler_info.py", "benchmarks/test_slice_sampler_gather_benchmark.py"),
     3: ("test/rb/test_trajectory_order.py",),
     4: ("test/rb/test_trajectory_boundaries.py",),
-    5: ("test/rb/test_storage_boundaries.py",),
+    5: ("test/rb/test_storage_boundaries.py", "test/rb/test_replay_boundary_cache.py"),
     6: (
         "test/rb/test_slice_sampler_boundary_cache.py",
         "benchmarks/test_slice_sampler_online_benchmark.py",
@@ -105,20 +105,14 @@ _LICENSE = """\
 # LICENSE file in the root directory of this source tree.
 """
 
-# The runtime's boundary cache: TorchRL's own, or its backport before TorchRL 0.14.
-_CACHE_IMPORT = """\
-try:
-    from torchrl.data.replay_buffers.utils import (
-        _REPLAY_BOUNDARY_CACHE,
-        _REPLAY_BOUNDARY_CACHE_LOCK,
-    )
-except ImportError:  # TorchRL before 0.14
-    from torchrl_fixes.mutation_revision import (
-        _REPLAY_BOUNDARY_CACHE,
-        _REPLAY_BOUNDARY_CACHE_LOCK,
-    )
-"""
 _RB_MODULE = RB.replace("/", ".")
+# Runtime module -> the TorchRL module (under torchrl/data/replay_buffers/) its code
+# goes to, where that is not a module of the same name: the boundary cache's
+# functions live beside the cache, in utils.py.
+TORCHRL_MODULES = {"boundary_cache": "utils"}
+# A line of a runtime module for TorchRL releases before 0.14 alone: never true on
+# TorchRL main, where the module goes without it.
+BEFORE_014 = "  # TorchRL before 0.14"
 
 # Runtime module text -> TorchRL module text. Every rewrite a module names must apply.
 _MODULE_REWRITES = (
@@ -128,13 +122,10 @@ _MODULE_REWRITES = (
         "from torchrl_fixes.storage_boundaries import",
         f"from torchrl._utils import logger\nfrom {_RB_MODULE}.storage_boundaries import",
     ),
+    ("from torchrl_fixes.boundary_cache import", f"from {_RB_MODULE}.utils import"),
     ("from torchrl_fixes.trajectory_boundaries import", f"from {_RB_MODULE}.trajectory_boundaries import"),
     ("from torchrl_fixes.trajectory_order import", f"from {_RB_MODULE}.trajectory_order import"),
     ("from torchrl_fixes.slice_boundaries import", f"from {_RB_MODULE}.slice_boundaries import"),
-    (
-        _CACHE_IMPORT,
-        f"from {_RB_MODULE}.utils import _REPLAY_BOUNDARY_CACHE, _REPLAY_BOUNDARY_CACHE_LOCK\n",
-    ),
     (">>> import torch, torchrl_fixes\n", ">>> import torch\n"),
 )
 
@@ -188,6 +179,17 @@ class AddFunctions:
     path: str
     before: str
     functions: tuple[Callable, ...]
+
+
+@dataclass(frozen=True)
+class EditSource:
+    """Edits of a TorchRL function's source: ``(old, new)`` texts, each found exactly once
+    in the function dedented, as :func:`torchrl_fixes.patching.derive_from_source`
+    makes them at runtime."""
+
+    path: str
+    qualname: str
+    edits: tuple[tuple[str, str], ...]
 
 
 @dataclass(frozen=True)
@@ -299,6 +301,15 @@ def _edits_for(text: str, edit) -> list[tuple[int, int, list[str]]]:
             stock_doc = lines[first.lineno - 1 : first.end_lineno]
         new = _function_source(edit.new, node.name, stock_doc)
         return [(node.lineno - 1, node.end_lineno, _indent(new, node.col_offset))]
+    if isinstance(edit, EditSource):
+        (node,) = _find(tree, edit.qualname)
+        first = (node.decorator_list[0] if node.decorator_list else node).lineno - 1
+        source = textwrap.dedent("".join(lines[first : node.end_lineno]))
+        for old, new in edit.edits:
+            if source.count(old) != 1:
+                raise ExportError(f"{edit.qualname}: {old.strip()!r} is not found once")
+            source = source.replace(old, new)
+        return [(first, node.end_lineno, _indent(source.splitlines(keepends=True), node.col_offset))]
     if isinstance(edit, AddFunctions):
         (node,) = _find(tree, edit.before)
         block: list[str] = []
@@ -356,6 +367,7 @@ def _module_text(new: NewModule) -> str:
             if old not in text:
                 raise ExportError(f"{new.source}: {old!r} not found")
             text = text.replace(old, replacement)
+    text = _without_release_lines(text, new.source)
     for leftover in ("torchrl_fixes",):
         if leftover in text:
             line = next(line for line in text.splitlines() if leftover in line)
@@ -363,12 +375,62 @@ def _module_text(new: NewModule) -> str:
     return _LICENSE + text
 
 
+def _without_release_lines(text: str, source: str) -> str:
+    """``text`` less each ``if`` statement marked :data:`BEFORE_014` and its one-line body."""
+    lines = text.splitlines(keepends=True)
+    kept, skip = [], 0
+    for line in lines:
+        if skip:
+            skip -= 1
+            continue
+        if line.rstrip("\n").endswith(BEFORE_014):
+            if not line.lstrip().startswith("if "):
+                raise ExportError(f"{source}: only an if statement may be marked {BEFORE_014.strip()!r}")
+            skip = 1  # its body, one line
+            continue
+        kept.append(line)
+    return "".join(kept)
+
+
+def _torchrl_module(runtime_module: str) -> str:
+    """The dotted TorchRL module the code of ``runtime_module`` (``torchrl_fixes.x``) goes to."""
+    short = runtime_module.rpartition(".")[2]
+    return f"{_RB_MODULE}.{TORCHRL_MODULES.get(short, short)}"
+
+
+def _module_function_edits(path: str, module, before: str) -> list:
+    """The edits that add ``module``'s functions to the TorchRL module at ``path``, before
+    its definition ``before``, with the imports they need.
+
+    Its imports of other runtime modules become imports of their TorchRL modules;
+    what it imports in a ``try`` (the runtime's fallbacks for older releases) the
+    TorchRL module must hold already, as its plain ``import`` statements must.
+    """
+    target = _RB_MODULE + "." + Path(path).stem
+    tree = ast.parse(inspect.getsource(module))
+    functions = tuple(
+        getattr(module, node.name) for node in tree.body if isinstance(node, ast.FunctionDef)
+    )
+    edits: list = [AddFunctions(path, before, functions)]
+    for node in tree.body:
+        if not isinstance(node, ast.ImportFrom) or node.module == "__future__":
+            continue
+        source = node.module
+        if source.startswith("torchrl_fixes."):
+            source = _torchrl_module(source)
+        if source != target:
+            edits.append(AddImport(path, source, tuple(alias.name for alias in node.names)))
+    return edits
+
+
 def upstream_file_text(path: str) -> str:
     """The text a pull request adds at ``path`` (in pytorch/rl) from ``upstream/<path>``."""
     source = UPSTREAM_DIR / path
     if not source.is_file():
         raise ExportError(f"{path} is listed in UPSTREAM_FILES but upstream/{path} does not exist")
-    text = _UPSTREAM_IMPORT.sub(rf"from {_RB_MODULE}.\1 import", source.read_text())
+    text = _UPSTREAM_IMPORT.sub(
+        lambda match: f"from {_torchrl_module(match[1])} import", source.read_text()
+    )
     if "torchrl_fixes" in text:
         line = next(line for line in text.splitlines() if "torchrl_fixes" in line)
         raise ExportError(f"upstream/{path} still names torchrl_fixes: {line.strip()!r}")
@@ -427,27 +489,24 @@ def _hook_edits(hooks: dict) -> list:
         names = _names_from(module, statements)
         if not names:
             continue
-        target = f"{_RB_MODULE}.{module.rpartition('.')[2]}"
-        edits.append(AddImport(f"{RB}/{path}", target, names))
+        edits.append(AddImport(f"{RB}/{path}", _torchrl_module(module), names))
     return edits
 
 
 def patches() -> list[UpstreamPatch]:
     """The generated patches, in order."""
     import torchrl_fixes
+    from torchrl_fixes import boundary_cache
     from torchrl_fixes.fixes import single_gather
     from torchrl_fixes.fixes.slice_boundary_index import (
+        BOUNDARY_INDEX_EDITS,
         INLINE_HOOKS,
         SAMPLE_HOOKS,
-        SAMPLE_UNIT_HOOKS,
-        _sample_unit_replacements,
     )
     from torchrl_fixes.patching import get_original
 
     with torchrl_fixes.disabled():  # the fixes are planned against stock code
         hooks = dict(INLINE_HOOKS)
-        if _sample_unit_replacements():  # TorchRL main: its sample units read the index too
-            hooks.update(SAMPLE_UNIT_HOOKS)
         # what the runtime fix puts in place of the method that builds the slice info
         finalize_index = {
             rep.name: rep.new for rep in single_gather.SingleGather().plan()
@@ -536,7 +595,13 @@ def patches() -> list[UpstreamPatch]:
                 NewModule(
                     f"{RB}/storage_boundaries.py",
                     "torchrl_fixes.storage_boundaries",
-                    rewrites=("from torchrl_fixes.trajectory_boundaries import", _CACHE_IMPORT),
+                    rewrites=("from torchrl_fixes.trajectory_boundaries import",),
+                ),
+                # the boundary cache's functions, beside the cache
+                *_module_function_edits(f"{RB}/utils.py", boundary_cache, "_ReplayBoundaryIndex"),
+                *(
+                    EditSource(f"{RB}/{path}", qualname, edits)
+                    for (path, qualname), edits in BOUNDARY_INDEX_EDITS.items()
                 ),
                 *_hook_edits(storage_hooks),
             ),
@@ -553,6 +618,7 @@ def patches() -> list[UpstreamPatch]:
                     "torchrl_fixes.slice_boundaries",
                     rewrites=(
                         *to_torchrl,
+                        "from torchrl_fixes.boundary_cache import",
                         "from torchrl_fixes.storage_boundaries import",
                         "from torchrl_fixes.trajectory_boundaries import",
                         "from torchrl_fixes.slice_boundaries import",
@@ -701,7 +767,7 @@ def render(site: Path | None = None) -> dict[str, str]:
             after[path] = _apply_edits(text, edits)
         after.update(_formatted({path: text for path, text in after.items() if path.endswith(".py")}))
         files.update(after)
-        after.update({path: upstream_file_text(path) for path in UPSTREAM_FILES[patch.number]})
+        after.update(_upstream_files(patch.number))
         rendered[patch.filename] = _header(patch, series) + "\n" + _git_diff(before, after)
     return dict(sorted(rendered.items()))
 
@@ -738,7 +804,13 @@ def _patch_number(filename: str) -> int:
 def _upstream_diff(number: int) -> str:
     """The diff that adds patch ``number``'s files from ``upstream/``."""
     paths = UPSTREAM_FILES[number]
-    return _git_diff({}, {path: upstream_file_text(path) for path in paths}) if paths else ""
+    return _git_diff({}, _upstream_files(number)) if paths else ""
+
+
+def _upstream_files(number: int) -> dict[str, str]:
+    """Path -> text of the files patch ``number`` adds from ``upstream/``, as upstream's
+    formatter writes them (their imports of TorchRL sorted as TorchRL's)."""
+    return _formatted({path: upstream_file_text(path) for path in UPSTREAM_FILES[number]})
 
 
 FALLBACKS = "{fallbacks}"
@@ -836,15 +908,18 @@ def export(out: Path | None = None, *, check: bool = False) -> list[str]:
 TRAJECTORY_ORDER_HEADER = """\
 Subject: [PATCH] replay buffers: TrajectoryOrder, a storage's trajectory stops in sorted chunks
 
-Problem
+Problem (in main's code)
   SliceSampler (and SliceSamplerWithoutReplacement, PrioritizedSliceSampler)
-  recovers the trajectory boundaries of the whole storage at every sample
-  (_ReplayBoundaryIndex over _derive_end_flags and _end_to_start_stop): it
-  reads the trajectory-id or done column of every stored row, O(capacity).
-  _REPLAY_BOUNDARY_CACHE keeps the result per storage mutation revision, so
-  any write empties it: an online loop (write, sample, write, sample) pays the
-  whole pass at every step. This is the first of four pull requests that keep
-  the boundaries across writes; it adds the data structure alone.
+  and the sample units (Sequence, SubgoalTriplet) recover trajectory
+  boundaries through _ReplayBoundaryIndex, which reads the trajectory-id or
+  done column of every stored row (_derive_end_flags, _end_to_start_stop):
+  O(capacity). _REPLAY_BOUNDARY_CACHE keeps the result per storage mutation
+  revision, so every write empties it, and SliceSampler caches nothing by
+  default (cache_values=False): an online loop (write, sample, write, sample)
+  pays the whole pass at every step, 8-20 ms per sample at 1M-5M stored
+  (measured in 0006). #2669 reported it and is closed; the pass is in main.
+  This is the first of five pull requests (0003-0007) that keep the
+  boundaries across writes; it adds the data structure alone.
 
 Change
   New module trajectory_order.py (numpy and torch, no TorchRL import):
@@ -860,14 +935,19 @@ Change
   orders them, first trajectory of each lane wrapping around the ring
   included. Nothing uses it yet: 0004 builds the index on it, 0007 draws from
   it by rank.
+
+Tests: test_trajectory_order.py checks every query against a listing of the
+  trajectories rebuilt from a sorted array of stops, after random
+  replacements, on one and several lanes.
 """
 
 TRAJECTORY_BOUNDARIES_HEADER = """\
 Subject: [PATCH] replay buffers: TrajectoryBoundaries, a trajectory index advanced by the rows written
 
 Problem
-  See 0003: the whole-storage boundary recovery runs again after every write.
-  This pull request adds the index that replaces it, still unused.
+  See 0003: _ReplayBoundaryIndex recovers the boundaries from the whole
+  column again after every write. This pull request adds the index that
+  replaces that pass, still unused.
 
 Change
   New module trajectory_boundaries.py (pure torch and numpy):
@@ -885,137 +965,165 @@ Change
   there and only their positions come to the host. EndFlagDisagreements
   follows, with the same machinery, the rows where done flags and ids mark
   different ends (0006 reads the flags while there are none).
+
+Tests: test_trajectory_boundaries.py compares the index with
+  find_start_stop_traj on the whole signal after random sequences of writes:
+  ids and end flags, one and several lanes, partial, full and wrapped
+  storages, every cursor position.
 """
 
 STORAGE_BOUNDARIES_HEADER = """\
-Subject: [PATCH] replay buffers: TensorStorage.set records the rows it writes in the boundary cache
+Subject: [PATCH] replay buffers: the boundary cache keeps a storage's trajectories across the writes it records
 
-Problem
-  See 0003: every write moves the storage's _mutation_revision, and the
-  storage's entry in _REPLAY_BOUNDARY_CACHE, filed under the old revision, is
-  dropped: what was known of the trajectories before the write is lost.
+Problem (in main's code)
+  TensorStorage.set moves the storage's _mutation_revision, and the storage's
+  entry in _REPLAY_BOUNDARY_CACHE, filed under the old revision, is dropped at
+  the next _ReplayBoundaryIndex lookup: the sample units (Sequence,
+  SubgoalTriplet), which always cache, recover the episode boundaries from the
+  whole done column after every write (see 0003).
 
 Change
-  New module storage_boundaries.py. The storage's entry in
-  _REPLAY_BOUNDARY_CACHE also holds a StorageBoundaries: one
-  TrajectoryBoundaries (0004) per boundary signal a sampler reads. At the end
-  of TensorStorage.set, _record_write marks the rows it wrote in each of them
-  and files the entry under the revision the write moved to, instead of
-  letting it drop: O(k) for k rows, under the cache lock. Writes it cannot
-  account for row by row (another write interleaved, a storage shared with
-  other processes, a compiled write) leave the entry under the old revision,
-  and it is rebuilt at the next query, as today. Storage.__getstate__ marks a
-  memmap storage copied outside torch.multiprocessing, whose files another
-  process may write. Every other mutation (_empty, load_state_dict, loads,
-  the buffer's set_ / set_at_ / update_) moves the revision alone, as today.
-  Samplers read nothing of it yet: 0006 does.
+  A storage's entry in _REPLAY_BOUNDARY_CACHE becomes a StorageBoundaries (new
+  module storage_boundaries.py) once something asks for its index: a dict of
+  what _ReplayBoundaryIndex caches at the entry's revision, as every entry
+  is, which also holds one TrajectoryBoundaries (0004) per boundary signal
+  read from the storage. In utils.py, beside the cache: TensorStorage.set
+  calls _revision_before_write and _record_write, which mark the written rows
+  in each index and file the entry under the revision the write moved to,
+  O(k) for k rows; a storage nobody asked about records nothing (its entry is
+  not a StorageBoundaries: one attribute read per write). Writes it cannot
+  account for row by row (another mutation interleaved, a storage shared with
+  other processes, a compiled write) reset the entry, and it is rebuilt at
+  the next query, as today. Every other mutation (_empty, load_state_dict,
+  loads, the buffer's set_ / set_at_ / update_) moves the revision alone, as
+  today. Storage.__getstate__ marks a memmap storage copied outside
+  torch.multiprocessing, whose files another process may write: it is read
+  whole, as today. _ReplayBoundaryIndex, where nothing is cached and no custom
+  end_to_start_stop is given, asks the storage's index
+  (_indexed_boundaries): the sample units get their boundaries from it.
+  SliceSampler still reads the whole storage: 0006 wires it.
+
+Tests: test_storage_boundaries.py (the entry, write by write);
+  test_replay_boundary_cache.py, through the public API and free of the new
+  modules: across 20 write-then-sample steps of a Sequence buffer, the
+  whole-column recovery (_derive_end_flags) runs at most once (21 times on
+  main: it fails there), and samples equal those of a buffer whose boundaries
+  are recovered from its whole storage before every sample.
 """
 
 SLICE_BOUNDARY_INDEX_HEADER = """\
 Subject: [PATCH] replay buffers: slice samplers read the trajectory index, never stale, whatever cache_values says
 
-Problem
-  SliceSampler (and SliceSamplerWithoutReplacement, PrioritizedSliceSampler)
-  recovers the trajectory boundaries from the whole storage at every sample,
-  O(capacity); cache_values=True keeps them only until the next write, so an
-  online loop pays the full pass at every step: about a second per sample at
-  346M stored transitions. Open in main's code: SliceSampler._get_stop_and_length
-  and SampleUnit._episode_boundaries build a _ReplayBoundaryIndex from the
-  whole column after every write (#2669 was closed, the cost is still there).
+Problem (in main's code)
+  SliceSampler._get_stop_and_length (also behind SliceSamplerWithoutReplacement
+  and PrioritizedSliceSampler) builds a _ReplayBoundaryIndex from the whole
+  trajectory-id or done column at every sample: cache_values defaults to
+  False, and with cache_values=True the cached boundaries last until the next
+  write. An online loop (write 1,000 rows, sample) pays the whole pass at
+  every step: 9.6-13.4 ms at 5M stored, where a RandomSampler step costs
+  0.26 ms (below). #2669 reported it and is closed; the pass is in main.
 
 Change
   New module slice_boundaries.py. SliceSampler._get_stop_and_length asks the
-  storage's StorageBoundaries (0005) first: the signal the sampler reads
+  storage's boundary-cache entry (0005) first: the signal the sampler reads
   (traj_key ids, end_key flags or the union of end_keys) is found once per
-  sampler and storage, and the index (0004) gives the boundaries after O(k)
-  work per write of k rows; they are exactly the whole-storage recovery's,
-  so every sample is unchanged, and they are used whatever cache_values says:
+  sampler and storage, and its index (0004) gives the boundaries after O(k)
+  work per write of k rows; they are exactly the whole-column recovery's, so
+  every sample is unchanged, and they are used whatever cache_values says:
   never stale. What a sampler queries the index with (the signal, the index,
   the storage's length and cursor) is kept until the storage changes
   otherwise than by recorded writes. A sampler that names no trajectory key
-  reads the ("next", "done") flags instead of the ids TorchRL detects while
-  both mark the same ends (checked on the written rows); where they disagree
-  (interleaved collectors) it reads the ids and logs it once. The sample units
-  (Sequence, SubgoalTriplet) find the index's boundaries in the same cache.
-  The whole-storage recovery still runs for:
+  reads the ("next", "done") flags instead of the ids it detects while both
+  mark the same ends (checked on the written rows); where they disagree
+  (interleaved collectors) it reads the ids and logs it once. The whole
+  column is still read for:
 {fallbacks}
 
-Upstream issue: https://github.com/pytorch/rl/issues/2669
+Tests: test_slice_sampler_boundary_cache.py, through the public API and free
+  of the new modules: after every write path (extend, add, rb[idx] =,
+  storage.set, a second buffer on the same storage, load_state_dict, empty)
+  samples equal those of a buffer whose boundaries are recovered from its
+  whole storage, on memmap and ndim=2 storages too; across 100
+  write-then-sample steps the whole-storage recovery runs at most once (on
+  main it runs at every sample: these fail there).
+  Benchmark: benchmarks/test_slice_sampler_online_benchmark.py.
 
-Measured effect (the same code as a runtime patch over torchrl 0.14.1, torch
-2.13.0+cpu, 2-core machine, one thread; 0003-0007 applied; stock and patched
-timed in turn)
-  256 slices of 4, no value cache, median per sample, stock -> patched:
-    5M stored / 6M capacity, episode ids       20.5 ms -> 0.37 ms
-    5M stored / 600M capacity, episode ids     20.5 ms -> 0.37 ms
-    346M stored / 600M capacity, episode ids   835 ms -> 0.51 ms
-    346M stored / 600M capacity, done flags    556 ms -> 0.42 ms
-    online loop, 40M / 60M, write 1,000 rows then sample: 91-164x faster
-    first sample of a buffer just filled with 5M rows: 3.1-8.6x faster
+Measured effect (torchrl main as built by torchrl-nightly==2026.10.27, torch
+2.13.0+cpu, 2-core machine; main and main with 0001-0006 applied, each in its
+own run of `pytest benchmarks/test_slice_sampler_online_benchmark.py
+--benchmark-only`; median of 100 steps of write 1,000 rows, sample 256
+slices of 4, full storage)
+                                     main       with 0001-0006
+    100k stored, done flags        0.83-0.94    0.60-0.65 ms
+    1M stored, done flags          2.1-2.7      0.65-0.77 ms
+    5M stored, done flags          9.6-10.6     0.74-1.05 ms
+    5M stored, episode ids        11.8-13.4     0.75-1.03 ms
+    RandomSampler step, 5M         0.26         0.27 ms
+  (ranges: 1,000- and 100-step episodes)
+
 """
 
 SLICE_SAMPLE_ORDER_HEADER = """\
 Subject: [PATCH] replay buffers: SliceSampler draws trajectories by rank, without listing them
 
-Problem
-  With the incremental index (0003-0006) the boundaries cost O(k) per write of k
-  rows, but SliceSampler.sample still lists every trajectory (start, stop,
-  length) and _sample_slices filters and indexes the whole listing at every
-  sample: O(number of trajectories). With short episodes that dominates: 100M
-  stored transitions in 100-step episodes are 1M trajectories, and a sample
-  after a write costs several times a random sample of the same batch.
+Problem (in main's code, and after 0006)
+  SliceSampler.sample lists every trajectory (start, stop, length) and
+  _sample_slices filters and indexes the whole listing at every sample:
+  O(number of trajectories), once 0006 has made the boundaries O(k) per
+  write. With short episodes that dominates: at 5M stored in 100-step
+  episodes (50k trajectories) a sample after a write costs 1.0 ms with 0006,
+  four times a RandomSampler step.
 
 Change
   The index keeps each boundary signal's trajectory stops in a TrajectoryOrder
-  (0003's trajectory_order.py: sorted chunks of about 1,024 stops, each chunk
-  with its trajectories' lengths and, per minimum length asked for, how many
-  are that long). SliceSampler.sample now asks it first (new module
-  slice_sampling.py): the same torch.randint draw, from the same generator,
-  over the same count (every trajectory, or those at least seq_length long
-  where strict_length drops the others), picks trajectories by rank in the
-  order, and _sample_slices receives only the drawn ones, numbered by
-  traj_idx, plus one of the shortest where some are too short so that it takes
-  the branch it takes on the whole listing. Where every slice has the
-  sampler's length inside its trajectory (no span; none too short, or
-  strict_length) and the storage is on the CPU, _fixed_length_index places
-  the slices with the same torch.rand draw and float32 arithmetic as
-  _get_index and writes their index in numpy, and _finalize_index adds the
-  info: _sample_slices, _get_index and their dozen tensor operations are
-  skipped. Every sample is unchanged. A sample costs O(batch) plus a scan of
-  one count per chunk, whatever the number of trajectories. Samplers that
-  override _get_stop_and_length, _adjusted_batch_size, _sample_slices or
-  _get_index (or _tensor_slices_from_startend, for the index alone), and
-  every configuration 0006 leaves to the whole-storage recovery, sample as
-  before; SliceSamplerWithoutReplacement and PrioritizedSliceSampler keep
-  their own sample() and read the listing, as before.
+  (0003: sorted chunks of about 1,024 stops, each chunk with its trajectories'
+  lengths and, per minimum length asked for, how many are that long).
+  SliceSampler.sample now asks it first (new module slice_sampling.py): the
+  same torch.randint draw, from the same generator, over the same count
+  (every trajectory, or those at least seq_length long where strict_length
+  drops the others), picks trajectories by rank in the order, and
+  _sample_slices receives only the drawn ones, numbered by traj_idx, plus one
+  of the shortest where some are too short so that it takes the branch it
+  takes on the whole listing. Where every slice has the sampler's length
+  inside its trajectory (no span; none too short, or strict_length) and the
+  storage is on the CPU, _fixed_length_index places the slices with the same
+  torch.rand draw and float32 arithmetic as _get_index and writes their index
+  in numpy, and _finalize_index adds the info: _sample_slices, _get_index and
+  their dozen tensor operations are skipped. Every sample is unchanged. A
+  sample costs O(batch) plus a scan of one count per chunk, whatever the
+  number of trajectories. Samplers that override _get_stop_and_length,
+  _adjusted_batch_size, _sample_slices or _get_index (or
+  _tensor_slices_from_startend, for the index alone), and every configuration
+  0006 leaves to the whole-column recovery, sample as before;
+  SliceSamplerWithoutReplacement and PrioritizedSliceSampler keep their own
+  sample() and read the listing, as before.
 
-Upstream issue: https://github.com/pytorch/rl/issues/2669
+Tests: test_slice_sampler_draw_by_rank.py compares the draw with the listing's
+  (same generator state) for every sampler option, and after writes.
 
-Measured effect (the same code as a runtime patch over torchrl 0.14.1, torch
-2.13.0+cpu, 2-core machine, one thread; a sample of 2,048 rows as 32 slices right after a 1,000-row write, done flags,
-against a RandomSampler sample of the same rows from the same storage in the
-same run; `python repro/floor.py --patched --stored N --episode L`)
-    stored, episode length (trajectories)   0003-0006      with 0007
-    10M, 1,000 (10k)                         1.3x floor     1.09-1.20x floor
-    10M, 100 (100k)                          2.0x floor     0.85-1.13x floor
-    100M, 100 (1M)                           2.9-4.1x       0.86x floor
-  Stock takes 29 ms there at 10M (38x its floor).
-  20M stored, 64 slices of 32, 3,200- to 32-step episodes (6,250 to 625,000
-  trajectories; `python -m devtools bench`, the sweep rows, stock and patched
-  timed in turn): stock 57 -> 99 ms, patched 0.96-1.01 ms.
+Measured effect (as in 0006: `pytest
+benchmarks/test_slice_sampler_online_benchmark.py --benchmark-only`, main with
+0001-0006, then with 0001-0007, median of 100 write-then-sample steps)
+                                          0001-0006   0001-0007
+    5M stored, 100-step episodes, done       1.05        0.66 ms
+    5M stored, 100-step episodes, ids        1.03        0.90 ms
+    5M stored, 1,000-step episodes, done     0.74        0.63 ms
+    1M stored, 100-step episodes, done       0.77        0.59 ms
+  main itself: 9.6-13.4 ms at 5M.
 
 """
 
 SINGLE_GATHER_HEADER = """\
 Subject: [PATCH] replay buffers: slice samplers read only the entries their info needs
 
-Problem
-  To build its info (truncated / done / terminated / is_init) SliceSampler
-  reads storage[index]: every entry of every sampled row is gathered, then the
-  replay buffer gathers them all again to return the sample. On image data a
-  slice sample costs 1.7-4.8x a random sample of the same size.
-  PrioritizedSliceSampler.sample does the same, and StreamingSliceSampler
-  gathers every entry of the rows of each write to find its windows.
+Problem (in main's code)
+  To build its info (truncated / done / terminated / is_init),
+  SliceSampler._finalize_index reads storage[index]: every entry of every
+  sampled row is gathered, then the replay buffer gathers them all again to
+  return the sample. PrioritizedSliceSampler.sample does the same, and
+  StreamingSliceSampler.mark_update gathers every entry of the rows of each
+  write to find its windows. On image rows a slice sample costs twice a
+  random sample of the same size (#2422, closed; the double read is in main).
 
 Change
   _read_entries reads only the entries the info uses (done, terminated, the
@@ -1030,13 +1138,16 @@ Change
   is_init of the written rows through _read_written_entries.
   The info and the queued windows are exactly what they were.
 
-Upstream issue: https://github.com/pytorch/rl/issues/2422
+Tests: test_slice_sampler_info.py compares every info entry and sample with
+  the full-row read's, for each sampler, storage and output layout, and counts
+  the full-row reads of a sample (two on main, one with this change).
 
-Measured effect (the same code as a runtime patch over torchrl 0.14.1, torch
-2.13.0+cpu, 2-core machine, one thread, stock and patched timed in turn)
-  TensorDictReplayBuffer sample of two 3x64x64 uint8 images per row, 2,048
-  rows as 32 slices, 200k stored: SliceSampler 1.98x faster (71 -> 35.7 ms);
-  the sample now costs what a RandomSampler sample of the same size costs
-  (38.5 ms).
+Measured effect (torchrl main as built by torchrl-nightly==2026.10.27, torch
+2.13.0+cpu, 2-core machine;
+`pytest benchmarks/test_slice_sampler_gather_benchmark.py --benchmark-only -m "not slow"`,
+median of 50 samples)
+  2,048 rows of two 3x64x64 uint8 images as 32 slices, 20k stored:
+    SliceSampler   57.4 ms -> 24.0 ms (2.39x)
+    RandomSampler  28.3 ms and 24.1 ms (the floor, unchanged)
 
 """

@@ -337,14 +337,14 @@ def test_stock_slice_sampler_with_the_fix_inactive():
 
 @_needs_fix("slice_boundary_index")
 def test_applied_fix_whose_configuration_falls_back():
-    class OwnStorage(LazyTensorStorage):
-        def set(self, *args, **kwargs):
-            return super().set(*args, **kwargs)
+    class OwnSampler(SliceSampler):
+        def _end_to_start_stop(self, end, length):
+            return super()._end_to_start_stop(end, length)
 
     data = _big_episodes(4_000_000)
     rb = TensorDictReplayBuffer(
-        storage=OwnStorage(len(data)),
-        sampler=SliceSampler(num_slices=2, end_key=("next", "done")),
+        storage=LazyTensorStorage(len(data)),
+        sampler=OwnSampler(num_slices=2, end_key=("next", "done")),
         batch_size=16,
     )
     rb.extend(data)
@@ -352,7 +352,7 @@ def test_applied_fix_whose_configuration_falls_back():
     assert report.codes[0] == "slice-boundaries", str(report)
     assert (
         "applied, but this configuration falls back to stock code: "
-        "OwnStorage.set is not one the index follows" in report.findings[0].message
+        "OwnSampler overrides _end_to_start_stop" in report.findings[0].message
     )
     assert "would do" not in report.findings[0].message  # it reads the done flags already
 

@@ -28,7 +28,7 @@ README = (ROOT / "README.md").read_text()
 def test_readme_status_output_quotes_the_declared_fallbacks():
     block = README[README.index("stock code still runs for:\n") :].split("\n\n")[0]
     assert block.splitlines()[1:] == [
-        f"  {fix.name}: {fix.fallbacks}" for fix in ALL_FIXES if fix.fallbacks
+        f"  {fix.name}: {fix.all_fallbacks()}" for fix in ALL_FIXES if fix.fallbacks
     ]
 
 

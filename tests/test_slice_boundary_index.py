@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import pickle
 
 import numpy as np
@@ -10,7 +11,7 @@ import torch
 from tensordict import TensorDict
 
 import torchrl_fixes
-from torchrl_fixes import slice_boundaries
+from torchrl_fixes import boundary_cache, slice_boundaries
 from torchrl_fixes import storage_boundaries as sbi
 from torchrl_fixes.fixes.slice_boundary_index import _backports_mutation_revision, fallback_reason
 
@@ -50,13 +51,13 @@ def test_unknown_write_cursor_means_rebuild(cursor):
     [(None, None), (3, 3), (-1, 9), (range(2, 5), 4), (torch.tensor([1, 7]), 7), (np.int32(2), 2)],
 )
 def test_resolve_cursor(cursor, expected):
-    assert slice_boundaries._resolve_cursor(cursor, 10) == expected
+    assert sbi._resolve_cursor(cursor, 10) == expected
 
 
 @pytest.mark.parametrize("cursor", [10, -11, np.array([1]), torch.tensor(3), True, range(0)])
 def test_unusable_cursor_leaves_it_to_stock(cursor):
     with pytest.raises(sbi._Unsupported):
-        slice_boundaries._resolve_cursor(cursor, 10)
+        sbi._resolve_cursor(cursor, 10)
 
 
 def _storage(n=6):
@@ -76,11 +77,11 @@ def test_a_copy_starts_with_no_boundaries_and_is_marked():
 
     storage = _storage()
     SliceSampler(slice_len=2, traj_key="episode")._get_stop_and_length(storage)
-    assert sbi._storage_boundaries(storage).indexes
+    assert boundary_cache._storage_boundaries(storage).indexes
     assert sbi._COPIED_ATTR not in storage.__dict__
     for clone in (pickle.loads(pickle.dumps(storage)), copy.deepcopy(storage)):
         # the boundary cache is local to the process: a copy rebuilds
-        assert sbi._storage_boundaries(clone).indexes == {}
+        assert boundary_cache._storage_boundaries(clone).indexes == {}
         assert clone.__dict__[sbi._COPIED_ATTR]
     # a memmap copy would write the same files under a revision of its own
     assert storage.__dict__[sbi._COPIED_ATTR]
@@ -103,11 +104,24 @@ def test_backported_write_count_is_shared_and_kept_by_pickling():
 
 def test_a_write_moves_the_entry_to_the_new_revision():
     storage = _storage()
-    entry = sbi._storage_boundaries(storage)
+    entry = boundary_cache._storage_boundaries(storage)
+    entry["cached at this revision"] = "stale after the write"
     revision = storage._mutation_revision
     storage.set(torch.arange(6, 8), TensorDict({"episode": torch.tensor([2, 2])}, [2]))
     assert storage._mutation_revision == revision + 1 == entry.revision
-    assert sbi._storage_boundaries(storage) is entry
+    assert boundary_cache._REPLAY_BOUNDARY_CACHE[storage] == (revision + 1, entry)
+    assert boundary_cache._storage_boundaries(storage) is entry
+    assert dict(entry) == {}
+
+
+def test_an_entry_keeps_what_was_cached_at_its_revision():
+    """A storage's plain cache entry becomes its StorageBoundaries with what it held."""
+    storage = _storage()
+    revision = storage._mutation_revision
+    boundary_cache._REPLAY_BOUNDARY_CACHE[storage] = (revision, {"key": "value"})
+    entry = boundary_cache._storage_boundaries(storage)
+    assert isinstance(entry, sbi.StorageBoundaries) and dict(entry) == {"key": "value"}
+    assert boundary_cache._REPLAY_BOUNDARY_CACHE[storage] == (revision, entry)
 
 
 def test_writes_are_recorded_in_the_index_not_read():
@@ -116,12 +130,12 @@ def test_writes_are_recorded_in_the_index_not_read():
     storage = _storage()
     sampler = SliceSampler(slice_len=2, traj_key="episode")
     sampler._get_stop_and_length(storage)
-    (index,) = sbi._storage_boundaries(storage).indexes.values()
+    (index,) = boundary_cache._storage_boundaries(storage).indexes.values()
     assert index.built and index._pending == []
     storage.set(torch.arange(6, 8), TensorDict({"episode": torch.tensor([2, 2])}, [2]))
     assert [p.tolist() for p in index._pending] == [[6, 7]]
     storage._empty()  # a mutation that records no rows
-    sbi._storage_boundaries(storage)
+    boundary_cache._storage_boundaries(storage)
     assert not index.built
 
 
@@ -167,15 +181,15 @@ def _read_by_a_slice_sampler(storage):
     from torchrl.data import SliceSampler
 
     SliceSampler(slice_len=2).sample(storage, 2)
-    return sbi._storage_boundaries(storage)
+    return boundary_cache._storage_boundaries(storage)
 
 
 def test_a_storage_no_slice_sampler_has_read_records_no_write():
     """Writes cost nothing for the index until a slice sampler reads the storage."""
     storage = _storage()
     storage.set(torch.arange(6, 8), storage[torch.arange(2)])
-    cached = sbi._REPLAY_BOUNDARY_CACHE.get(storage)
-    assert cached is None or sbi._INCREMENTAL not in cached[1]
+    cached = boundary_cache._REPLAY_BOUNDARY_CACHE.get(storage)
+    assert cached is None or not isinstance(cached[1], sbi.StorageBoundaries)
     boundaries = _read_by_a_slice_sampler(storage)
     (index,) = boundaries.indexes.values()
     assert index.built and index.pending_rows == 0
@@ -230,7 +244,7 @@ def test_agreement_is_dropped_when_only_named_keys_read_the_storage(first_reader
     from torchrl.data import SliceSampler
 
     storage = _storage()
-    state = sbi._storage_boundaries(storage)
+    state = boundary_cache._storage_boundaries(storage)
     named, unnamed = SliceSampler(slice_len=2, traj_key="episode"), SliceSampler(slice_len=2)
     readers = [named, unnamed] if first_reader == "named" else [unnamed, named]
     for sampler in readers:
@@ -244,26 +258,50 @@ def test_agreement_is_dropped_when_only_named_keys_read_the_storage(first_reader
         assert slice_boundaries.boundary_source(storage) == ("end", ("next", "done"))
 
 
+@pytest.mark.skipif(not _backports_mutation_revision(), reason="TorchRL counts its storages' mutations")
+def test_before_torchrl_014_a_storage_with_a_write_path_of_its_own_is_rebuilt_at_every_read():
+    from torchrl.data import LazyTensorStorage, SliceSampler
+
+    from torchrl_fixes import mutation_revision
+
+    class Writing(LazyTensorStorage):
+        def set(self, cursor, data, *, set_cursor=True):
+            return super().set(cursor, data, set_cursor=set_cursor)
+
+    assert mutation_revision._uncounted_write_path(LazyTensorStorage) is None
+    assert mutation_revision._uncounted_write_path(Writing) == "Writing.set"
+    storage = Writing(10)
+    storage.set(torch.arange(2), TensorDict({"episode": torch.zeros(2)}, [2]))
+    assert storage._mutation_revision != storage._mutation_revision
+    sampler = SliceSampler(slice_len=2, traj_key="episode")
+    assert "Writing.set" in fallback_reason(sampler, storage)
+
+
+@pytest.mark.skipif(not _backports_mutation_revision(), reason="TorchRL has _last_cursor_index")
+def test_before_torchrl_014_the_last_cursor_is_read_under_its_014_name():
+    storage = _storage()
+    storage.set(torch.arange(3, 5), storage[torch.arange(2)])
+    assert storage._last_cursor_index is storage._last_cursor
+
+
 def test_each_hook_runs_in_the_module_that_defines_what_it_calls():
     from torchrl_fixes.fixes.slice_boundary_index import (
         INLINE_HOOKS,
         SAMPLE_HOOKS,
-        SAMPLE_UNIT_HOOKS,
         hook_module,
     )
 
     modules = {
         qualname: hook_module((*before, *after)).__name__.rpartition(".")[2]
         for (_, qualname), (before, after) in {
-            **INLINE_HOOKS, **SAMPLE_HOOKS, **SAMPLE_UNIT_HOOKS
+            **INLINE_HOOKS, **SAMPLE_HOOKS
         }.items()
         if before or after
     }
     assert modules["SliceSampler.sample"] == "slice_sampling"
-    assert modules["TensorStorage.set"] == "storage_boundaries"
+    assert modules["TensorStorage.set"] == "boundary_cache"
     assert modules["Storage.__getstate__"] == "storage_boundaries"
     assert modules["SliceSampler._get_stop_and_length"] == "slice_boundaries"
-    assert modules["SampleUnit._episode_boundaries"] == "slice_boundaries"
 
 
 def test_before_torchrl_014_the_revision_moves_before_the_write_is_recorded(monkeypatch):
@@ -325,6 +363,7 @@ def test_a_sampler_overriding_how_it_samples_slices_lists_them(monkeypatch):
     assert seen == [40]
     stock = SliceSampler._sample_slices
 
+    @functools.wraps(stock)  # SliceSampler's own method, to the index
     def spy(self, lengths, *args, **kwargs):
         seen.append(lengths.numel())
         return stock(self, lengths, *args, **kwargs)
@@ -352,6 +391,7 @@ def test_slices_of_one_length_skip_torchrls_general_path(monkeypatch):
         built.append(args[3].size)
         return fixed_length_index(*args, **kwargs)
 
+    @functools.wraps(SliceSampler._sample_slices)  # SliceSampler's own method, to the index
     def general(self, *args, **kwargs):
         raise AssertionError("TorchRL's general path ran")
 
@@ -396,7 +436,7 @@ def _sample_pair(storage, stock_storage, sampler, stock_sampler, seed):
 def test_a_plan_holds_until_the_storage_changes_otherwise_than_by_recorded_writes():
     from torchrl.data import LazyTensorStorage, SliceSampler
 
-    from torchrl_fixes.storage_boundaries import _INCREMENTAL, _REPLAY_BOUNDARY_CACHE
+    from torchrl_fixes.boundary_cache import _REPLAY_BOUNDARY_CACHE
 
     def rows(start, n):
         step = torch.arange(start, start + n)
@@ -436,8 +476,9 @@ def test_a_plan_holds_until_the_storage_changes_otherwise_than_by_recorded_write
     assert same_samples(3)
     plan = slice_boundaries._current_plan(sampler, storage)
     assert plan is not None
-    # the storage's entry dropped: the writes after it go to a new entry, not the plan's
-    _REPLAY_BOUNDARY_CACHE[storage][1].pop(_INCREMENTAL)
+    # the storage's entry replaced by a plain one (as _ReplayBoundaryIndex files a new
+    # revision's): the writes after it go to a new entry, not the plan's
+    _REPLAY_BOUNDARY_CACHE[storage] = (storage._mutation_revision, {})
     write(6)
     assert slice_boundaries._current_plan(sampler, storage) is None
     assert same_samples(4)

@@ -24,9 +24,9 @@ from devtools import upstream_patches
 from devtools.torchrl_matrix import NIGHTLY_VERSION
 from torchrl_fixes.fixes import pinned_sample_output as pinned
 from torchrl_fixes.fixes.slice_boundary_index import (
+    BOUNDARY_INDEX_EDITS,
     INLINE_HOOKS,
     SAMPLE_HOOKS,
-    SAMPLE_UNIT_HOOKS,
     SliceBoundaryIndex,
 )
 from torchrl_fixes.source_fingerprint import fingerprint_source, source_fingerprint
@@ -131,13 +131,16 @@ def _parsed(statements) -> list[str]:
 
 def test_inline_hooks_are_what_the_runtime_wrappers_run():
     """Each method the slice patch edits runs, around the stock code, what its runtime wrapper runs."""
+    with torchrl_fixes.disabled():  # planned against stock code, as when applied
+        replacements = SliceBoundaryIndex().plan()
     wrappers = {
         # a static method's replacement is the staticmethod around the wrapper
         f"{rep.owner.__name__}.{rep.name}": getattr(rep.new, "__func__", rep.new)
-        for rep in SliceBoundaryIndex().plan()
+        for rep in replacements
     }
-    hooks = {**INLINE_HOOKS, **SAMPLE_HOOKS, **SAMPLE_UNIT_HOOKS}
-    assert {qualname for _, qualname in hooks} == set(wrappers)
+    hooks = {**INLINE_HOOKS, **SAMPLE_HOOKS}
+    edited = {qualname for _, qualname in BOUNDARY_INDEX_EDITS}
+    assert {qualname for _, qualname in hooks} == set(wrappers) - edited
     for (_, qualname), (before, after) in hooks.items():
         # the code object: inspect would follow functools.wraps to the stock method
         body = ast.parse(textwrap.dedent(inspect.getsource(wrappers[qualname].__code__))).body[0].body
@@ -157,9 +160,7 @@ def test_patch_edits_only_add_the_hooks(patched_torchrl):
     import torchrl
 
     site = Path(torchrl.__file__).parent
-    for (path, qualname), (before, after) in {
-        **INLINE_HOOKS, **SAMPLE_HOOKS, **SAMPLE_UNIT_HOOKS
-    }.items():
+    for (path, qualname), (before, after) in {**INLINE_HOOKS, **SAMPLE_HOOKS}.items():
         cls, name = qualname.split(".")
         hooks = set(_parsed(before) + _parsed(after))
         patched_file = patched_torchrl / "torchrl/data/replay_buffers" / path
@@ -171,6 +172,18 @@ def test_patch_edits_only_add_the_hooks(patched_torchrl):
             kept = [n for n in patched_node.body if ast.dump(n) not in hooks]
             assert len(kept) == len(patched_node.body) - len(hooks), qualname
             assert _statements(kept) == _statements(stock_node.body), qualname
+
+
+def test_edited_methods_are_what_the_runtime_derives(patched_torchrl):
+    """A method the series edits in place is, in the patched source, the runtime fix's
+    method: the stock source with the same edits (patching.derive_from_source)."""
+    with torchrl_fixes.disabled():  # planned against stock code, as when applied
+        derived = {f"{rep.owner.__name__}.{rep.name}": rep.new for rep in SliceBoundaryIndex().plan()}
+    for (path, qualname), _ in BOUNDARY_INDEX_EDITS.items():
+        cls, name = qualname.split(".")
+        (patched,) = _methods(patched_torchrl / "torchrl/data/replay_buffers" / path, cls, name)
+        runtime = ast.parse(textwrap.dedent(inspect.getsource(derived[qualname]))).body[0]
+        assert ast.dump(patched) == ast.dump(runtime), qualname
 
 
 def _methods(path: Path, cls: str, name: str) -> list[ast.FunctionDef]:
@@ -206,13 +219,27 @@ def test_each_patch_needs_only_what_it_declares(name, tmp_path):
 
 def test_patched_source_holds_the_runtime_modules(patched_torchrl):
     """The modules the slice patch adds are the runtime package's, imports aside."""
-    from torchrl_fixes import slice_boundaries, storage_boundaries, trajectory_boundaries
+    from torchrl_fixes import (
+        boundary_cache,
+        slice_boundaries,
+        slice_sampling,
+        storage_boundaries,
+        trajectory_boundaries,
+    )
 
-    for module in (trajectory_boundaries, storage_boundaries, slice_boundaries):
-        added = patched_torchrl / "torchrl/data/replay_buffers" / Path(module.__file__).name
-        runtime = _definitions_without_docstrings(Path(module.__file__).read_text())
+    rb = patched_torchrl / "torchrl/data/replay_buffers"
+    for module in (trajectory_boundaries, storage_boundaries, slice_boundaries, slice_sampling):
+        added = rb / Path(module.__file__).name
+        runtime_text = upstream_patches._without_release_lines(
+            Path(module.__file__).read_text(), module.__name__
+        )
+        runtime = _definitions_without_docstrings(runtime_text)
         upstream = _definitions_without_docstrings(added.read_text())
         assert upstream == runtime, module.__name__
+    # the boundary cache's functions, in utils.py beside the cache
+    runtime = _definitions_without_docstrings(Path(boundary_cache.__file__).read_text())
+    utils = _definitions_without_docstrings((rb / "utils.py").read_text())
+    assert runtime and all(utils.get(name) == dump for name, dump in runtime.items())
 
 
 def _definitions_without_docstrings(source: str) -> dict[str, str]:

@@ -12,17 +12,22 @@ every release:
   write count kept in shared memory with one slot per process (concurrent writers
   in different processes never add to the same slot), pickled with the storage;
 - :data:`MUTATION_REVISION_HOOKS`: the bump in each write path, where 0.14 has it;
-- ``_REPLAY_BOUNDARY_CACHE`` and its lock.
+- ``_REPLAY_BOUNDARY_CACHE`` and its lock;
+- ``Storage._last_cursor_index``, 0.14's name for the last write's cursor
+  (``_last_cursor`` before).
 
 Where writes could escape the count (a storage shared between processes but built
 before the fix was applied; a ``compilable=True`` storage, whose compiled writes
-run no Python), the revision differs at every read, so the index is rebuilt at
+run no Python; a storage class with a write path of its own, which counts
+nothing), the revision differs at every read, so the index is rebuilt at
 every sample as stock does; :func:`unseen_writes_reason` says why.
 
 Nothing here is part of the upstream patches: TorchRL 0.14 has it.
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import itertools
 import os
 import threading
@@ -30,6 +35,7 @@ import weakref
 
 import torch
 from torch.compiler import is_compiling
+from torchrl.data.replay_buffers import storages
 
 _REPLAY_BOUNDARY_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _REPLAY_BOUNDARY_CACHE_LOCK = threading.RLock()
@@ -55,6 +61,25 @@ MUTATION_REVISION_HOOKS = {
     ("replay_buffers/base.py", "ReplayBuffer.set_at_"): ((), ("self._storage._bump_mutation_revision()",)),
     ("replay_buffers/base.py", "ReplayBuffer.update_"): ((), ("self._storage._bump_mutation_revision()",)),
 }
+
+
+
+
+@functools.cache
+def _uncounted_write_path(storage_cls: type) -> str | None:
+    """A write path of ``storage_cls`` that :data:`MUTATION_REVISION_HOOKS` does not count, if any."""
+    counted: dict[str, list] = {}
+    for file, qualname in MUTATION_REVISION_HOOKS:
+        owner, name = qualname.split(".")
+        if file.startswith("storages/") and name != "__init__":
+            counted.setdefault(name, []).append(
+                inspect.getattr_static(getattr(storages, owner), name)
+            )
+    for name, definitions in counted.items():
+        method = inspect.getattr_static(storage_cls, name, None)
+        if not any(method is definition for definition in definitions):
+            return f"{storage_cls.__name__}.{name}"
+    return None
 
 
 class _WriteCount:
@@ -106,6 +131,9 @@ def unseen_writes_reason(storage) -> str | None:
     """Why writes to ``storage`` could escape its write count, if they can."""
     if getattr(storage, "_compilable", False):
         return "compilable=True storage on a TorchRL that counts no mutations (before 0.14)"
+    uncounted = _uncounted_write_path(type(storage))
+    if uncounted is not None:
+        return f"{uncounted} is a write path the backported revision does not count"
     count = storage.__dict__.get(_COUNT_ATTR)
     data = getattr(storage, "_storage", None)
     if count is not None and count.late and data is not None:
@@ -122,6 +150,11 @@ def _mutation_revision(self) -> int:
     if unseen_writes_reason(self) is not None:
         return next(_UNKNOWN_REVISIONS)
     return count.total()
+
+
+def _last_cursor_index(self):
+    """The cursor of the storage's last write (TorchRL 0.14's name for ``_last_cursor``)."""
+    return getattr(self, "_last_cursor", None)
 
 
 def _bump_mutation_revision(self) -> None:

@@ -91,6 +91,9 @@ class Fix:
         stock_classes (tuple of str): dotted paths of the classes whose instances,
             when built inside :func:`disabled`, keep running stock code afterwards.
         fallbacks (str): the configurations an applied fix leaves to stock code, if any.
+        release_fallbacks (str): those it leaves to stock code only on older TorchRL
+            releases, whose code lacks what it needs (the upstream patches target
+            TorchRL main, where they do not arise).
     """
 
     name: ClassVar[str]
@@ -100,6 +103,11 @@ class Fix:
     targets: ClassVar[tuple[str, ...]] = ()
     stock_classes: ClassVar[tuple[str, ...]] = ()
     fallbacks: ClassVar[str] = ""
+    release_fallbacks: ClassVar[str] = ""
+
+    def all_fallbacks(self) -> str:
+        """:attr:`fallbacks`, then :attr:`release_fallbacks`: what ``status()`` lists."""
+        return "; ".join(text for text in (self.fallbacks, self.release_fallbacks) if text)
 
     def plan(self) -> list[Replacement]:
         """The replacements that apply this fix to the installed TorchRL.
@@ -362,7 +370,7 @@ class Registry:
                         torchrl_versions=format_range(fix.torchrl_versions),
                         state=state,
                         reason=reason,
-                        fallbacks=fix.fallbacks,
+                        fallbacks=fix.all_fallbacks(),
                     )
                 )
         return StatusReport(

@@ -1,13 +1,13 @@
 """What a slice sampler reads its trajectory boundaries from, and when it may use the index.
 
 ``SliceSampler._get_stop_and_length`` asks :func:`_boundary_index_boundaries`
-first: it finds the boundary signal the stock code would read, takes the
-storage's incremental boundaries (:mod:`.storage_boundaries`), and returns their
-start, stop and lengths, O(batch) plus O(number of trajectories) per sample
-whatever the capacity. They are exactly those the whole-storage recovery finds,
-so the samples are the same, and they are used whatever ``cache_values`` says:
-nothing returned is ever stale. Configurations the index does not handle return
-``None`` and the sampler recovers the boundaries from the whole storage as
+first: it finds the boundary signal the sampler reads, takes the index of that
+signal in the storage's boundary-cache entry (``storage_boundaries``), and
+returns its start, stop and lengths, O(batch) plus O(number of trajectories) per
+sample whatever the capacity. They are exactly those the whole-storage recovery
+finds, so the samples are the same, and they are used whatever ``cache_values``
+says: nothing returned is ever stale. Configurations the index does not handle
+return ``None`` and the sampler recovers the boundaries from the whole storage as
 before; :func:`fallback_reason` says which one applies.
 
 What a sampler asks the index with (the signal, the index, the storage's
@@ -16,13 +16,13 @@ storage changes otherwise than by writes the index records, or the sampler's
 keys or options change: a sample with no write since the last one looks up
 nothing, and one after a write reads the storage's length and cursor alone.
 
-Devices: stock finds the boundaries where the storage's boundary column lives
-(moved to ``use_gpu``'s device and back when ``use_gpu`` is set) and leaves them
-on the column's device, where the sampler then draws its slices. The index reads
-the written rows of the column on its device and brings to the host only which
-of them end a trajectory; it returns the boundaries on the column's device, and
-:mod:`.slice_sampling` draws there, with stock's generator. ``use_gpu`` over a
-CPU storage thus costs no transfer at all.
+Devices: the whole-storage recovery finds the boundaries where the storage's
+boundary column lives (moved to ``use_gpu``'s device and back when ``use_gpu`` is
+set) and leaves them on the column's device, where the sampler then draws its
+slices. The index reads the written rows of the column on its device and brings
+to the host only which of them end a trajectory; it returns the boundaries on the
+column's device, and ``slice_sampling`` draws there, with the sampler's
+generator. ``use_gpu`` over a CPU storage thus costs no transfer at all.
 
 Done flags for ids: a sampler that names no trajectory key reads the ids TorchRL
 picks for it (``("collector", "traj_ids")`` or ``"episode"``). While the storage's
@@ -30,10 +30,6 @@ picks for it (``("collector", "traj_ids")`` or ``"episode"``). While the storage
 8x smaller than int64 ids; where they disagree (collectors writing interleaved
 rows) it reads the ids, and says so once in the log. A key the user named,
 ``traj_key`` or ``end_key``, is read as named.
-
-TorchRL's sample units (``Sequence``, ``SubgoalTriplet``) look their episode
-boundaries up in the storage's boundary cache: :func:`_seed_episode_boundaries`
-files the index's boundaries there first.
 """
 from __future__ import annotations
 
@@ -44,24 +40,22 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
 from tensordict import TensorDictBase, unravel_key
 
-from torchrl_fixes.storage_boundaries import (
-    _column_signal,
-    _decide_pairs,
-    _end_column,
-    _END_KEY,
-    _id_column,
-    _INCREMENTAL,
+from torchrl.data.replay_buffers.storages import TensorStorage
+from torchrl_fixes.boundary_cache import (
     _mutation_revision,
-    _refresh_agreement,
     _REPLAY_BOUNDARY_CACHE,
     _REPLAY_BOUNDARY_CACHE_LOCK,
-    _row_shape,
-    _stamp,
     _storage_boundaries,
+)
+from torchrl_fixes.storage_boundaries import (
+    _decide_pairs,
+    _END_KEY,
+    _geometry,
+    _refresh_agreement,
+    _signal_of,
     _unseen_writes_reason,
     _Unsupported,
     StorageBoundaries,
@@ -73,62 +67,20 @@ logger = logging.getLogger("torchrl_fixes")
 _TRAJ_KEY_NAMED = "_traj_key_named"
 
 
-def _resolve_cursor(cursor, length: int) -> int | None:
-    if cursor is None:
-        return None
-    if isinstance(cursor, torch.Tensor):
-        if cursor.ndim != 1 or not cursor.numel() or cursor.is_floating_point():
-            raise _Unsupported("write cursor is not a 1d integer tensor")
-        cursor = int(cursor[-1])
-    elif isinstance(cursor, range):
-        if not len(cursor):
-            raise _Unsupported("empty cursor range")
-        cursor = cursor[-1]
-    elif isinstance(cursor, np.integer):
-        cursor = int(cursor)
-    elif isinstance(cursor, bool) or not isinstance(cursor, int):
-        raise _Unsupported("write cursor of an unknown type")
-    if not -length <= cursor < length:
-        raise _Unsupported("write cursor outside the stored rows")
-    return cursor % length
+def _signal(sampler, storage) -> tuple[str, tuple, tuple, Callable, int, torch.device]:
+    """What the sampler reads: ``(kind, index_key, stamp, signal(rows), lanes, device)``.
 
-
-def _signal(sampler, storage) -> tuple[str, Any, Callable, int, torch.device]:
-    """What the stock code would read: ``(kind, key, signal(rows), lanes, device)``.
-
-    ``device`` is the columns' device, where the stock code finds the boundaries
-    and leaves them, whatever ``use_gpu`` says (it moves them back from there).
+    ``device`` is the columns' device, where the whole-storage recovery finds the
+    boundaries and leaves them, whatever ``use_gpu`` says (it moves them back from there).
     """
-    data = storage._storage
-    ndim = storage.ndim
-    if ndim > 2:
-        raise _Unsupported("storage with more than two batch dimensions")
     if sampler._fetch_traj:
-        from torchrl.data.replay_buffers.storages import TensorStorage
-
-        if isinstance(storage, TensorStorage) and "_used_traj_key" in dir(
-            type(sampler)
-        ):
-            key = sampler._used_traj_key
-        else:
-            key = sampler.traj_key
+        key = sampler._used_traj_key
         if key is None:
             raise _Unsupported("no trajectory key")
-        columns = [_id_column(data, key, ndim)]
-        kind = "trajectory"
-    else:
-        end_keys = getattr(sampler, "end_keys", None)
-        keys = tuple(end_keys) if end_keys is not None else (sampler.end_key,)
-        found = [(k, _end_column(data, k, ndim)) for k in keys]
-        found = [(k, c) for k, c in found if c is not None]
-        if not found:
-            raise _Unsupported("end key not in the storage")
-        key = keys[0] if end_keys is None else tuple(k for k, _ in found)
-        columns = [c for _, c in found]
-        kind = "end"
-    shape, lanes = _row_shape(columns, ndim)
-    signal = _column_signal(columns, shape)
-    return kind, (kind, key, _stamp(columns)), signal, lanes, columns[0].device
+        return ("trajectory", *_signal_of(storage, "trajectory", key))
+    end_keys = getattr(sampler, "end_keys", None)
+    keys = sampler.end_key if end_keys is None else list(end_keys)
+    return ("end", *_signal_of(storage, "end", keys))
 
 
 def _may_read_end_flags(sampler) -> bool:
@@ -159,21 +111,18 @@ def _agreeing_end_flags(
         if not agreement.logged:
             agreement.logged = True
             logger.info(
-                "slice_boundary_index: %r and %r mark different trajectory ends "
+                "SliceSampler: %r and %r mark different trajectory ends "
                 "(interleaved writers?); the trajectory ids are used",
                 id_key,
                 _END_KEY,
             )
         return None
-    ends = _end_column(storage._storage, _END_KEY, storage.ndim)
-    shape, _ = _row_shape([ends], storage.ndim)
-    return ("end", _END_KEY, _stamp([ends])), _column_signal([ends], shape)
+    index_key, stamp, signal, _, _ = _signal_of(storage, "end", _END_KEY)
+    return index_key, stamp, signal
 
 
 def _fallback_reason(sampler, storage) -> str | None:
     """Why ``sampler`` cannot use the boundary index on ``storage`` (None: it can)."""
-    from torchrl.data.replay_buffers.storages import TensorStorage
-
     if not isinstance(storage, TensorStorage):
         return "storage is not a TensorStorage"
     if not isinstance(getattr(storage, "_storage", None), TensorDictBase):
@@ -189,17 +138,17 @@ def _fallback_reason(sampler, storage) -> str | None:
     cache = getattr(sampler, "_cache", {})
     if "static-stop-and-length" in cache or "stop-and-length" in cache:
         return "static ends or trajectories"
-    reason = _classes_fallback_reason(type(sampler), type(storage))
+    reason = _classes_fallback_reason(type(sampler))
     return reason if reason is not None else _unseen_writes_reason(storage)
 
 
 @functools.cache
 def _unusable_device_reason(device) -> str | None:
-    """Why stock code would fail to move the boundary signal to ``use_gpu``'s ``device``.
+    """Why the boundary signal could not be moved to ``use_gpu``'s ``device``.
 
-    ``use_gpu`` only says where stock finds the boundaries: they come back on the
-    storage's device, where the index returns them. Where the device cannot be
-    used, stock code runs and raises its own error.
+    ``use_gpu`` only says where the whole-storage recovery finds the boundaries:
+    they come back on the storage's device, where the index returns them. Where the
+    device cannot be used, that recovery runs and raises its own error.
     """
     if device is None:
         return None
@@ -213,36 +162,19 @@ def _unusable_device_reason(device) -> str | None:
     return None
 
 
-@functools.cache
-def _classes_fallback_reason(sampler_cls: type, storage_cls: type) -> str | None:
-    """The part of :func:`_fallback_reason` that depends on the classes alone."""
-    from torchrl.data.replay_buffers.samplers import SliceSampler
+def _overrides(sampler_cls: type, name: str) -> bool:
+    """Whether ``sampler_cls`` has a ``name`` method of its own, not ``SliceSampler``'s."""
+    method = getattr(sampler_cls, name, None)
+    return method is not None and method.__qualname__ != f"SliceSampler.{name}"
 
+
+@functools.cache
+def _classes_fallback_reason(sampler_cls: type) -> str | None:
+    """The part of :func:`_fallback_reason` that depends on the sampler's class alone."""
     for name in ("_find_start_stop_traj", "_end_to_start_stop"):
-        if getattr(sampler_cls, name, None) is not getattr(SliceSampler, name, None):
+        if _overrides(sampler_cls, name):
             return f"{sampler_cls.__name__} overrides {name}"
-    for name in ("set", "_empty", "load_state_dict", "loads"):
-        owner = next((k for k in storage_cls.__mro__ if name in vars(k)), None)
-        if owner not in _revision_owners().get(name, ()):
-            return f"{storage_cls.__name__}.{name} is not one the index follows"
     return None
-
-
-@functools.cache
-def _revision_owners() -> dict[str, tuple[type, ...]]:
-    """Method name -> the classes whose definition of it moves the mutation revision (and, for ``set``, records the rows it writes)."""
-    from torchrl.data.replay_buffers.storages import (
-        LazyMemmapStorage,
-        Storage,
-        TensorStorage,
-    )
-
-    return {
-        "set": (TensorStorage,),
-        "_empty": (TensorStorage,),
-        "load_state_dict": (TensorStorage, LazyMemmapStorage),
-        "loads": (Storage,),
-    }
 
 
 _fallbacks_logged: set = set()
@@ -251,24 +183,26 @@ _fallbacks_logged: set = set()
 def _log_fallback(reason: str) -> None:
     if reason not in _fallbacks_logged:
         _fallbacks_logged.add(reason)
-        logger.info("slice_boundary_index: stock boundary recovery used (%s)", reason)
+        logger.info(
+            "SliceSampler: trajectory boundaries recovered from the whole storage (%s)",
+            reason,
+        )
 
 
 def _boundary_index_boundaries(sampler, storage):
-    """The boundaries from the storage's index, or ``None`` where stock code must run."""
+    """The boundaries from the storage's index, or ``None`` where the whole storage must be read."""
     return _query_index(sampler, storage, TrajectoryBoundaries.boundaries)
 
 
 def _query_index(sampler, storage, query: Callable):
     """``query(index, signal, device=device, **geometry)`` on the storage's index for ``sampler``, under its lock.
 
-    ``device`` is where stock leaves the boundaries.
-
+    ``device`` is where the whole-storage recovery leaves the boundaries.
 
     What the query is asked with (the signal, the index, the geometry) is found
     once and kept in a :class:`_QueryPlan`: until the storage changes otherwise
     than by the writes the index records, a sample reads the geometry at most and
-    goes to its query. Returns ``None`` where stock code must run.
+    goes to its query. Returns ``None`` where the whole storage must be read.
     """
     plan = _current_plan(sampler, storage)
     if plan is None:
@@ -377,7 +311,7 @@ def _current_plan(sampler, storage) -> _QueryPlan | None:
         return None
     with _REPLAY_BOUNDARY_CACHE_LOCK:
         cached = _REPLAY_BOUNDARY_CACHE.get(storage)
-    if cached is None or cached[1].get(_INCREMENTAL) is not boundaries:
+    if cached is None or cached[1] is not boundaries:
         return None
     try:
         plan.geometry = _geometry(storage, plan.geometry["lanes"])
@@ -385,27 +319,6 @@ def _current_plan(sampler, storage) -> _QueryPlan | None:
         return None
     plan.revision = revision
     return plan
-
-
-def _geometry(storage, lanes: int) -> dict:
-    """The geometry a query of ``storage``'s index is asked with."""
-    length = storage._len_along_dim0
-    if length < 2:
-        raise _Unsupported("fewer than two stored rows")
-    cursor_name = (
-        "_last_cursor_index"
-        if hasattr(type(storage), "_last_cursor_index")
-        else "_last_cursor"
-    )
-    at_capacity = bool(storage._is_full)
-    cursor = getattr(storage, cursor_name, None) if at_capacity else None
-    return {
-        "capacity": storage._storage.batch_size[0],
-        "length": length,
-        "at_capacity": at_capacity,
-        "cursor": _resolve_cursor(cursor, length),
-        "lanes": lanes,
-    }
 
 
 def _plan_and_query(sampler, storage, query: Callable):
@@ -419,7 +332,7 @@ def _plan_and_query(sampler, storage, query: Callable):
         if getattr(sampler, "_traj_key_auto", False):
             sampler._resolve_traj_key(storage)
         try:
-            kind, key, signal, lanes, device = _signal(sampler, storage)
+            kind, index_key, stamp, signal, lanes, device = _signal(sampler, storage)
             geometry = _geometry(storage, lanes)
         except _Unsupported as err:
             reason = str(err)
@@ -443,23 +356,16 @@ def _plan_and_query(sampler, storage, query: Callable):
                 boundaries.agreements.clear()
         elif kind == "trajectory":
             boundaries.unnamed_samplers = True
-            agreement = key[1]
+            agreement = index_key[1]
             flags = _agreeing_end_flags(
-                sampler, storage, boundaries, key[1], length, at_capacity, cursor
+                sampler, storage, boundaries, agreement, length, at_capacity, cursor
             )
             if flags is not None:
                 # the end flags give the same boundaries from a column 8x smaller
-                key, signal = flags
+                index_key, stamp, signal = flags
                 kind = "end"
-        index_key = key[:2]
         boundaries.last_source = index_key
-        index = boundaries.indexes.get(index_key)
-        if index is None:
-            index = boundaries.indexes[index_key] = TrajectoryBoundaries(kind)
-        if boundaries.stamps.get(index_key) != key[2]:
-            # The column was replaced (or first seen): its rows are new.
-            index.reset()
-            boundaries.stamps[index_key] = key[2]
+        index = boundaries.index(index_key, kind, stamp)
         if revision is not None:
             plan = _QueryPlan(
                 storage=weakref.ref(storage),
@@ -482,7 +388,7 @@ def _plan_and_query(sampler, storage, query: Callable):
 
 
 def fallback_reason(sampler, storage) -> str | None:
-    """Why ``sampler`` samples ``storage`` with stock boundary recovery, or ``None`` if it does not.
+    """Why ``sampler`` recovers the boundaries of ``storage`` from the whole storage, or ``None`` if it does not.
 
     Examples:
         >>> import torch, torchrl_fixes
@@ -530,55 +436,5 @@ def boundary_source(storage) -> tuple[str, Any] | None:
     """
     with _REPLAY_BOUNDARY_CACHE_LOCK:
         cached = _REPLAY_BOUNDARY_CACHE.get(storage)
-    boundaries = cached[1].get(_INCREMENTAL) if cached is not None else None
-    return None if boundaries is None else boundaries.last_source
-
-
-def _unit_sampler(boundaries: StorageBoundaries, done_key):
-    """A slice sampler that reads ``done_key`` as named: what a sample unit's boundaries are."""
-    from torchrl.data.replay_buffers.samplers import SliceSampler
-
-    sampler = boundaries.samplers.get(done_key)
-    if sampler is None:
-        sampler = SliceSampler(num_slices=1, end_key=done_key)
-        sampler._traj_key_auto = False
-        sampler._fetch_traj = False
-        sampler.__dict__[_TRAJ_KEY_NAMED] = True
-        boundaries.samplers[done_key] = sampler
-    return sampler
-
-
-def _seed_episode_boundaries(storage, done_key, device) -> None:
-    """Files the index's episode boundaries where ``_ReplayBoundaryIndex`` looks first.
-
-    TorchRL's sample units (``Sequence``, ``SubgoalTriplet``) recover episode
-    boundaries from the ``done_key`` flags through ``_ReplayBoundaryIndex``, which
-    looks in the storage's boundary cache first: the index's boundaries, the same,
-    are filed there under the unit's key for the storage's current revision.
-    """
-    from torchrl.data.replay_buffers import utils
-    from torchrl.data.replay_buffers.storages import TensorStorage
-
-    if done_key is None or device is None:
-        return
-    if not isinstance(storage, TensorStorage):
-        return
-    sampler = _unit_sampler(_storage_boundaries(storage), done_key)
-    boundaries = _boundary_index_boundaries(sampler, storage)
-    if boundaries is None:
-        return
-    # where _ReplayBoundaryIndex moves them
-    boundaries = tuple(value.to(device) for value in boundaries)
-    shape = tuple(storage.shape)
-    key = (
-        utils._freeze_boundary_cache_key(("end", done_key)),
-        shape,
-        len(storage),
-        bool(storage._is_full),
-        utils._boundary_cursor_cache_key(getattr(storage, "_last_cursor_index", None)),
-        str(device),
-    )
-    with _REPLAY_BOUNDARY_CACHE_LOCK:
-        revision, cached = _REPLAY_BOUNDARY_CACHE[storage]
-        if revision == storage._mutation_revision:
-            cached.setdefault(key, (shape[0], boundaries, None))
+    entry = None if cached is None else cached[1]
+    return entry.last_source if isinstance(entry, StorageBoundaries) else None

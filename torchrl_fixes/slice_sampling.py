@@ -1,6 +1,6 @@
 """Slice samples drawn from the trajectory order: nothing done per trajectory.
 
-Stock ``SliceSampler.sample`` lists every trajectory (start, stop, length), and
+``SliceSampler.sample`` lists every trajectory (start, stop, length), and
 ``_sample_slices`` keeps those long enough, draws ``num_slices`` of them with
 ``torch.randint`` and reads the drawn ones: O(number of trajectories) per
 sample, after the boundaries are known. :func:`_sample_from_index` makes the
@@ -16,8 +16,7 @@ samplers are mostly built, and the storage is on the CPU,
 :func:`_fixed_length_index` places the slices with the same ``torch.rand`` draw
 and builds the index ``_get_index`` builds, in numpy on the drawn rows: TorchRL's
 general path costs a dozen tensor operations, each of which weighs more than the
-arithmetic on a few thousand rows. ``_finalize_index`` then adds the info
-(TorchRL 0.14 on).
+arithmetic on a few thousand rows. ``_finalize_index`` then adds the info.
 """
 from __future__ import annotations
 
@@ -26,14 +25,14 @@ import functools
 import numpy as np
 import torch
 
-from torchrl_fixes.slice_boundaries import _query_index
+from torchrl_fixes.slice_boundaries import _overrides, _query_index
 from torchrl_fixes.trajectory_boundaries import TrajectoryBoundaries
 
 
 def _sample_from_index(sampler, storage, batch_size: int):
     """What ``SliceSampler.sample`` returns, drawn from the storage's trajectory order.
 
-    The stock sampler lists every trajectory, keeps those long enough, draws
+    ``SliceSampler.sample`` lists every trajectory, keeps those long enough, draws
     ``num_slices`` of them with ``torch.randint`` and hands the listing to
     ``_sample_slices`` with the draws. Here the same draw, from the same
     generator, picks the trajectories by rank in the index's
@@ -41,7 +40,7 @@ def _sample_from_index(sampler, storage, batch_size: int):
     only the drawn ones (with ``traj_idx`` numbering them), plus one of the
     shortest where some are too short, so that it takes the branch it takes on
     the whole listing. Nothing is done per trajectory: O(batch) plus a scan of
-    the order's chunk counts. Returns ``None`` where stock code must run.
+    the order's chunk counts. Returns ``None`` where the listing must be made.
     """
     if _classes_sampling_reason(type(sampler)) is not None:
         return None
@@ -71,10 +70,10 @@ def _sample_trajectories(
     device,
     **geometry,
 ):
-    """The index and info of a slice sample of the trajectories ``sampler`` draws from ``index``'s order (``None`` where there is none to draw: stock raises its error).
+    """The index and info of a slice sample of the trajectories ``sampler`` draws from ``index``'s order (``None`` where there is none to draw: the listing's path raises its error).
 
-    The draw runs on ``device``, where stock's lengths are and so its draw, with
-    the same generator; only the drawn ranks come to the host, and only the drawn
+    The draw runs on ``device``, where the listing's lengths are and so its draw,
+    with the same generator; only the drawn ranks come to the host, and only the drawn
     trajectories go back.
     """
     order = index.trajectories(signal, **geometry)
@@ -149,13 +148,13 @@ def _fixed_length_index(
 
 
     The same ``torch.rand`` draw, from the same generator, places each slice in its
-    trajectory, with the float32 arithmetic stock uses; the index is the one
+    trajectory, with the float32 arithmetic ``_get_index`` uses; the index is the one
     ``_tensor_slices_from_startend`` builds, and ``_finalize_index`` adds the info.
     """
     num_slices = rows.shape[0]
     uniform = torch.rand(num_slices, generator=sampler._rng).numpy()
     starts = rows + _relative_starts(uniform, lengths, seq_length)
-    # torch owns the index, as it owns stock's; numpy writes it
+    # torch owns the index, as it owns _get_index's; numpy writes it
     index = torch.empty(
         (num_slices * seq_length, 1 if lanes is None else 2), dtype=torch.long
     )
@@ -201,14 +200,9 @@ def _relative_starts(
 @functools.cache
 def _classes_index_reason(sampler_cls: type) -> str | None:
     """Why ``sampler_cls``'s index must come from ``_sample_slices`` (None: it need not)."""
-    from torchrl.data.replay_buffers.samplers import SliceSampler
-
-    if "_finalize_index" not in vars(SliceSampler):
-        return "the info is built in _get_index (TorchRL before 0.14)"
-    if (
-        sampler_cls._tensor_slices_from_startend
-        is not SliceSampler._tensor_slices_from_startend
-    ):
+    if getattr(sampler_cls, "_finalize_index", None) is None:  # TorchRL before 0.14
+        return "the info is built in _get_index"
+    if _overrides(sampler_cls, "_tensor_slices_from_startend"):
         return f"{sampler_cls.__name__} overrides _tensor_slices_from_startend"
     return None
 
@@ -216,14 +210,12 @@ def _classes_index_reason(sampler_cls: type) -> str | None:
 @functools.cache
 def _classes_sampling_reason(sampler_cls: type) -> str | None:
     """Why ``sampler_cls`` must list every trajectory to sample (None: it need not)."""
-    from torchrl.data.replay_buffers.samplers import SliceSampler
-
     for name in (
         "_get_stop_and_length",
         "_adjusted_batch_size",
         "_sample_slices",
         "_get_index",
     ):
-        if getattr(sampler_cls, name, None) is not getattr(SliceSampler, name, None):
+        if _overrides(sampler_cls, name):
             return f"{sampler_cls.__name__} overrides {name}"
     return None

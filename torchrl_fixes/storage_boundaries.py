@@ -1,63 +1,51 @@
-"""Incremental trajectory boundaries in the replay boundary cache.
+"""A storage's entry in the replay boundary cache, and the boundary signals it indexes.
 
-``_REPLAY_BOUNDARY_CACHE`` keeps, per storage, the trajectory boundaries recovered
-at the storage's current ``_mutation_revision``; any write moves the revision and
-empties the entry, so an online loop (write, sample, write, sample) recovers the
-boundaries from the whole storage at every sample. Here the entry of a
-``TensorStorage`` also holds a :class:`StorageBoundaries`: one
-:class:`~.trajectory_boundaries.TrajectoryBoundaries` per boundary signal that a
-slice sampler reads (the ``traj_key`` ids, the ``end_key`` flags or the union of
-``end_keys``), which ``TensorStorage.set`` advances by the rows it writes, O(k)
-(:func:`_record_write`), instead of emptying it. A revision the entry did not see
-(a write from another process sharing the storage, ``_empty``,
-``load_state_dict``, ``loads``, ``set_`` / ``update_`` / ``set_at_`` on the
-buffer, a compiled write) makes it rebuild from the whole storage at the next
-query, as before. Writing into the storage's tensors directly
-(``rb.storage._storage[...] = ...``) moves no revision and cannot be seen, as with
-``cache_values=True``.
+``_REPLAY_BOUNDARY_CACHE`` keeps, per storage, the trajectory boundaries that
+``_ReplayBoundaryIndex`` recovered at the storage's current ``_mutation_revision``;
+any write moves the revision, so an online loop (write, sample, write, sample)
+recovers the boundaries from the whole storage at every sample. Once a reader asks
+for a storage's index, the storage's entry in that cache is a
+:class:`StorageBoundaries`: a dict of those cached boundaries, as before, which also
+holds one :class:`~.trajectory_boundaries.TrajectoryBoundaries` per boundary signal
+read from the storage (trajectory ids, end flags, or the union of several end
+flags). ``TensorStorage.set`` advances them by the rows it writes, O(k), and files
+the entry under the revision the write moves to (``_record_write``); a revision
+the entry did not see (a write from another process sharing the storage,
+``_empty``, ``load_state_dict``, ``loads``, ``set_`` / ``update_`` / ``set_at_`` on
+the buffer, a compiled write) makes it rebuild from the whole storage at the next
+query. Writing into the storage's tensors directly (``rb.storage._storage[...] =
+...``) moves no revision and cannot be seen, as with ``cache_values=True``.
 
-The entry also follows, from the storage's first write, the rows where the
-``("next", "done")`` flags and the trajectory ids TorchRL reads by default
-(``("collector", "traj_ids")``, ``"episode"``) mark different ends, so that a
-sampler may read the flags while they agree (:mod:`.slice_boundaries` decides).
+The entry also follows, for the slice samplers that name no key, the rows where
+the ``("next", "done")`` flags and the trajectory ids TorchRL reads by default
+(``("collector", "traj_ids")``, ``"episode"``) mark different ends, so that such a
+sampler may read the flags while they agree (``slice_boundaries`` decides).
 
 A memmap storage pickled outside ``torch.multiprocessing`` (or copied) writes into
 the same files with a revision of its own: :func:`_unseen_writes_reason` says so,
-and the samplers recover its boundaries from the whole storage.
+and its boundaries are recovered from the whole storage.
 """
 from __future__ import annotations
 
 import threading
 import weakref
 from collections.abc import Callable
+from multiprocessing.context import get_spawning_popen
 from typing import Any
 
 import numpy as np
 import torch
 from tensordict import TensorDictBase, unravel_key
-from torch.compiler import is_compiling
 
-try:
-    from torchrl.data.replay_buffers.utils import (
-        _REPLAY_BOUNDARY_CACHE,
-        _REPLAY_BOUNDARY_CACHE_LOCK,
-    )
-except ImportError:  # TorchRL before 0.14
-    from torchrl_fixes.mutation_revision import (
-        _REPLAY_BOUNDARY_CACHE,
-        _REPLAY_BOUNDARY_CACHE_LOCK,
-    )
 from torchrl_fixes.trajectory_boundaries import (
     _host_array,
     EndFlagDisagreements,
     TrajectoryBoundaries,
 )
 
-# The key of the incremental entry in a storage's boundary cache.
-_INCREMENTAL = "incremental"
 # Set on a storage pickled or copied outside torch.multiprocessing.
 _COPIED_ATTR = "_boundary_cache_copied"
-# Set on a storage once it has an entry (a slice sampler read it).
+# Set on a storage once a reader asked for its index: its writes are recorded.
 _READ_ATTR = "_boundary_index_read"
 # The trajectory-id keys a slice sampler reads when no key is named (TorchRL's
 # collectors write the first, datasets the second), and the end flags beside them.
@@ -68,26 +56,35 @@ _AGREEMENT_BATCH = 1 << 16
 
 
 class _Unsupported(Exception):
-    """A configuration the boundary index does not handle; stock code runs instead."""
+    """A configuration the boundary index does not handle: the whole storage is read instead."""
 
 
-class StorageBoundaries:
-    """What the boundary cache of one storage keeps across writes.
+class StorageBoundaries(dict):
+    """A storage's entry in ``_REPLAY_BOUNDARY_CACHE``: what is known of its trajectories.
+
+    As a dict, it is what every entry of the cache is: the boundaries
+    ``_ReplayBoundaryIndex`` cached at the entry's revision, by query. Its
+    attributes hold what outlives the revision: the indexes, which
+    ``TensorStorage.set`` advances by the rows it writes.
+
+    Args:
+        revision (int): the storage's mutation revision that the entry describes.
+        cached (mapping, optional): the boundaries already cached at ``revision``.
 
     Attributes:
-        revision (int): the storage's mutation revision that the indexes describe.
+        revision (int): the storage's mutation revision that the entry describes.
         indexes (dict): boundary signal -> :class:`TrajectoryBoundaries`.
         stamps (dict): boundary signal -> the identity of the columns it was read from.
         agreements (dict): trajectory-id key -> :class:`_Agreement` with the done flags.
         pairs_decided (bool): whether the (ids, done flags) pairs to follow are known.
         unnamed_samplers (bool): whether a sampler that names no key has read the storage.
-        samplers (dict): key -> a sampler kept to query the storage with (sample units).
         plans (WeakKeyDictionary): sampler -> what it queries the indexes with at
-            ``revision`` (:class:`~.slice_boundaries._QueryPlan`).
+            ``revision`` (``slice_boundaries._QueryPlan``).
         last_source: the boundary signal the last slice sample read.
     """
 
-    def __init__(self, revision: int):
+    def __init__(self, revision: int, cached=()):
+        super().__init__(cached)
         self.revision = revision
         self.lock = threading.RLock()
         self.indexes: dict[Any, TrajectoryBoundaries] = {}
@@ -95,12 +92,12 @@ class StorageBoundaries:
         self.agreements: dict[Any, _Agreement] = {}
         self.pairs_decided = False
         self.unnamed_samplers = False
-        self.samplers: dict[Any, Any] = {}
         self.plans: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.last_source = None
 
     def reset(self) -> None:
         """Forgets every row: the next query reads the whole storage."""
+        self.clear()
         for index in self.indexes.values():
             index.reset()
         self.stamps.clear()
@@ -108,10 +105,24 @@ class StorageBoundaries:
             agreement.disagreements.reset()
 
     def mark_written(self, rows: torch.Tensor) -> None:
+        """Records that ``rows`` (along the first dimension) were written, in every index."""
         for index in self.indexes.values():
             index.mark_written(rows)
         for agreement in self.agreements.values():
             agreement.disagreements.mark_written(rows)
+
+    def index(self, key, kind: str, stamp: tuple) -> TrajectoryBoundaries:
+        """The index of the boundary signal ``key``, read from the columns ``stamp`` identifies.
+
+        Made on first use; reset where the columns were replaced, as their rows are new.
+        """
+        index = self.indexes.get(key)
+        if index is None:
+            index = self.indexes[key] = TrajectoryBoundaries(kind)
+        if self.stamps.get(key) != stamp:
+            index.reset()
+            self.stamps[key] = stamp
+        return index
 
 
 class _Agreement:
@@ -121,55 +132,6 @@ class _Agreement:
         self.disagreements = EndFlagDisagreements()
         self.stamp = None
         self.logged = False
-
-
-def _mutation_revision(storage) -> int | None:
-    # Nothing Python-side may be traced: a compiled write records no rows, and the
-    # revision it moves makes the next query rebuild.
-    if is_compiling():
-        return None
-    return int(storage._mutation_revision)
-
-
-def _revision_before_write(storage) -> int | None:
-    """The mutation revision a write starts from, where the write is to be recorded.
-
-    ``None`` for a storage no slice sampler has read: its writes record nothing, and
-    the first sampler to read it builds its index from the whole storage.
-    """
-    # a compiled write is not traced here (see _mutation_revision)
-    if is_compiling() or not storage.__dict__.get(_READ_ATTR, False):
-        return None
-    return int(storage._mutation_revision)
-
-
-def _cached_boundaries(storage, revision: int) -> StorageBoundaries:
-    """The incremental entry of ``storage``'s boundary cache, filed under ``revision``.
-
-    Must be called with ``_REPLAY_BOUNDARY_CACHE_LOCK`` held. An entry that last saw
-    another revision is reset: writes it did not record happened since.
-    """
-    cached = _REPLAY_BOUNDARY_CACHE.get(storage)
-    boundaries = cached[1].get(_INCREMENTAL) if cached is not None else None
-    if boundaries is None:
-        boundaries = StorageBoundaries(revision)
-        storage.__dict__[_READ_ATTR] = True  # its writes are recorded from now on
-    elif boundaries.revision != revision:
-        boundaries.reset()
-        boundaries.revision = revision
-    if cached is None or cached[0] != revision:
-        # what was cached for an older revision is stale
-        _REPLAY_BOUNDARY_CACHE[storage] = (revision, {_INCREMENTAL: boundaries})
-    else:
-        cached[1][_INCREMENTAL] = boundaries
-    return boundaries
-
-
-def _storage_boundaries(storage) -> StorageBoundaries:
-    """The incremental entry of ``storage``, brought to its current revision."""
-    revision = _mutation_revision(storage)
-    with _REPLAY_BOUNDARY_CACHE_LOCK:
-        return _cached_boundaries(storage, revision)
 
 
 def _written_rows(cursor, capacity: int) -> torch.Tensor | None:
@@ -202,56 +164,11 @@ def _written_rows(cursor, capacity: int) -> torch.Tensor | None:
     return cursor.reshape(-1).to("cpu", torch.long) % capacity
 
 
-def _record_write(storage, cursor, revision_before: int | None) -> None:
-    """Advances the boundary cache of ``storage`` by the rows ``storage.set(cursor, ...)`` wrote.
-
-    ``revision_before`` is the storage's mutation revision before the write
-    (:func:`_revision_before_write`). Where another mutation happened in between, the
-    entry is reset instead.
-    """
-    if revision_before is None or is_compiling():
-        return  # a storage no slice sampler has read, or a compiled write
-    revision = _mutation_revision(storage)
-    with _REPLAY_BOUNDARY_CACHE_LOCK:
-        cached = _REPLAY_BOUNDARY_CACHE.get(storage)
-        if cached is None or _INCREMENTAL not in cached[1]:
-            # No slice sampler has read this storage: nothing to advance, and the
-            # first one to read it builds its index from the whole storage.
-            return
-        boundaries = _cached_boundaries(storage, revision_before)
-        # a sample reading the entry finishes before it changes
-        with boundaries.lock:
-            boundaries.revision = revision
-            if revision != revision_before + 1:
-                boundaries.reset()  # another write interleaved with this one
-                return
-            rows = None
-            if (
-                boundaries.indexes
-                or boundaries.agreements
-                or not boundaries.pairs_decided
-            ):
-                capacity = _capacity_along_dim0(storage)
-                rows = _written_rows(cursor, capacity) if capacity else None
-            if rows is None:
-                boundaries.reset()
-            else:
-                boundaries.mark_written(rows)
-            if not boundaries.pairs_decided:
-                _decide_pairs(storage, boundaries)
-            if boundaries.agreements:
-                _check_agreements(storage, boundaries, rows)
-        # file the entry under the new revision: what stock cached before is stale
-        _cached_boundaries(storage, revision)
-
-
 def _record_copy(storage) -> None:
     """Marks ``storage`` as pickled outside ``torch.multiprocessing`` (or copied).
 
     The copy gets a revision of its own; a memmap copy writes into the same files.
     """
-    from multiprocessing.context import get_spawning_popen
-
     if get_spawning_popen() is None:
         storage.__dict__[_COPIED_ATTR] = True
 
@@ -290,11 +207,11 @@ def _end_column(data, key, ndim: int) -> torch.Tensor | None:
         return None
     if column.dtype != torch.bool:
         raise _Unsupported("end flags that are not booleans")
-    # stock squeezes the flags: every batch dim must stay, extra dims must go
+    # the flags are squeezed before use: every batch dim must stay, extra dims must go
     if any(s == 1 for s in column.shape[1:ndim]) or any(
         s != 1 for s in column.shape[ndim:]
     ):
-        raise _Unsupported("end flags the stock code squeezes to another shape")
+        raise _Unsupported("end flags that squeezing would reshape")
     return column
 
 
@@ -328,6 +245,72 @@ def _column_signal(columns, shape) -> Callable:
 
 def _stamp(columns) -> tuple:
     return tuple((c.data_ptr(), c.shape, c.dtype, c.stride()) for c in columns)
+
+
+def _signal_of(
+    storage, kind: str, key
+) -> tuple[tuple, tuple, Callable, int, torch.device]:
+    """What recovering ``storage``'s boundaries from ``key`` reads.
+
+    ``kind`` is ``"trajectory"`` (``key`` names the trajectory ids) or ``"end"``
+    (``key`` names the end flags; a list of keys reads the union of those present).
+    Returns ``(index_key, stamp, signal, lanes, device)``: the index's key in
+    :attr:`StorageBoundaries.indexes`, the identity of the columns read,
+    ``signal(rows)``, the storage's lanes and the columns' device.
+    """
+    data, ndim = storage._storage, storage.ndim
+    if ndim > 2:
+        raise _Unsupported("storage with more than two batch dimensions")
+    if kind == "trajectory":
+        columns = [_id_column(data, key, ndim)]
+    else:
+        keys = key if isinstance(key, list) else [key]
+        found = [(k, _end_column(data, k, ndim)) for k in keys]
+        found = [(k, c) for k, c in found if c is not None]
+        if not found:
+            raise _Unsupported("end key not in the storage")
+        if isinstance(key, list):
+            key = tuple(k for k, _ in found)
+        columns = [c for _, c in found]
+    shape, lanes = _row_shape(columns, ndim)
+    signal = _column_signal(columns, shape)
+    return (kind, key), _stamp(columns), signal, lanes, columns[0].device
+
+
+def _resolve_cursor(cursor, length: int) -> int | None:
+    if cursor is None:
+        return None
+    if isinstance(cursor, torch.Tensor):
+        if cursor.ndim != 1 or not cursor.numel() or cursor.is_floating_point():
+            raise _Unsupported("write cursor is not a 1d integer tensor")
+        cursor = int(cursor[-1])
+    elif isinstance(cursor, range):
+        if not len(cursor):
+            raise _Unsupported("empty cursor range")
+        cursor = cursor[-1]
+    elif isinstance(cursor, np.integer):
+        cursor = int(cursor)
+    elif isinstance(cursor, bool) or not isinstance(cursor, int):
+        raise _Unsupported("write cursor of an unknown type")
+    if not -length <= cursor < length:
+        raise _Unsupported("write cursor outside the stored rows")
+    return cursor % length
+
+
+def _geometry(storage, lanes: int) -> dict:
+    """What a query of ``storage``'s index is asked with, besides the signal."""
+    length = storage._len_along_dim0
+    if length < 2:
+        raise _Unsupported("fewer than two stored rows")
+    at_capacity = bool(storage._is_full)
+    cursor = getattr(storage, "_last_cursor_index", None) if at_capacity else None
+    return {
+        "capacity": storage._storage.batch_size[0],
+        "length": length,
+        "at_capacity": at_capacity,
+        "cursor": _resolve_cursor(cursor, length),
+        "lanes": lanes,
+    }
 
 
 def _pair_columns(storage, id_key) -> tuple[Callable, tuple, int]:

@@ -19,13 +19,17 @@ chunk of 1,024 trajectories. The boundaries are exactly those the stock code rec
 samples are the same, and they are used whatever ``cache_values`` says: the flag
 keeps its meaning (what is returned is never stale) and costs nothing.
 
-:mod:`torchrl_fixes.storage_boundaries` keeps the storage's entry and
-:mod:`torchrl_fixes.slice_boundaries` decides what a sampler reads (the two
-modules the upstream patch adds to TorchRL as they are); this module wraps
-TorchRL's methods so that they run the statements of :data:`INLINE_HOOKS`, the
-lines the upstream patch writes into them (:func:`~torchrl_fixes.patching.wrap_with_statements`).
-Before TorchRL 0.14, which has no mutation revision and no boundary cache,
-:mod:`torchrl_fixes.mutation_revision` installs both first.
+:mod:`torchrl_fixes.storage_boundaries` is the storage's entry,
+:mod:`torchrl_fixes.boundary_cache` carries it across writes and serves
+``_ReplayBoundaryIndex`` (which the ``Sequence`` and ``SubgoalTriplet`` sample units
+ask), and :mod:`torchrl_fixes.slice_boundaries` decides what a sampler reads (the
+upstream patches add them to TorchRL as they are); this module wraps TorchRL's
+methods so that they run the statements of :data:`INLINE_HOOKS`, the lines the
+upstream patch writes into them (:func:`~torchrl_fixes.patching.wrap_with_statements`),
+and edits ``_ReplayBoundaryIndex.__init__`` as :data:`BOUNDARY_INDEX_EDITS` says
+(:func:`~torchrl_fixes.patching.derive_from_source`). Before TorchRL 0.14, which has
+no mutation revision and no boundary cache, :mod:`torchrl_fixes.mutation_revision`
+installs both first.
 
 Done flags for ids: a sampler that names no trajectory key reads the ids TorchRL
 picks for it (``("collector", "traj_ids")`` or ``"episode"`` on 0.14, ``"episode"``
@@ -64,9 +68,15 @@ import inspect
 
 from packaging.specifiers import SpecifierSet
 
-from torchrl_fixes import mutation_revision, slice_boundaries, slice_sampling, storage_boundaries
+from torchrl_fixes import (
+    boundary_cache,
+    mutation_revision,
+    slice_boundaries,
+    slice_sampling,
+    storage_boundaries,
+)
 from torchrl_fixes.mutation_revision import MUTATION_REVISION_HOOKS
-from torchrl_fixes.patching import Replacement, wrap_with_statements
+from torchrl_fixes.patching import Replacement, derive_from_source, wrap_with_statements
 from torchrl_fixes.registry import Fix, TargetChanged, stock_function
 from torchrl_fixes.slice_boundaries import _classes_fallback_reason, boundary_source
 
@@ -78,6 +88,10 @@ except ImportError as err:  # a TorchRL whose layout this fix does not know
     _IMPORT_ERROR = err
 else:
     _IMPORT_ERROR = None
+try:
+    from torchrl.data.replay_buffers.utils import _ReplayBoundaryIndex
+except ImportError:  # TorchRL before 0.14
+    _ReplayBoundaryIndex = None
 
 # The statements the upstream patch writes into TorchRL's methods, by file (under
 # torchrl/data/replay_buffers/) and method: (before the method's own code, after it).
@@ -114,10 +128,10 @@ SAMPLE_HOOKS = {
     ),
 }
 
-# The modules whose names the statements use: storages keep their boundaries,
-# samplers read them and draw from them; before TorchRL 0.14, the mutation
-# revision is backported.
-HOOK_MODULES = (storage_boundaries, slice_boundaries, slice_sampling, mutation_revision)
+# The modules whose names the statements use: the boundary cache carries a storage's
+# entry across its writes, samplers read it and draw from it; before TorchRL 0.14,
+# the mutation revision is backported.
+HOOK_MODULES = (boundary_cache, storage_boundaries, slice_boundaries, slice_sampling, mutation_revision)
 
 
 def hook_module(statements) -> object:
@@ -136,17 +150,22 @@ def hook_module(statements) -> object:
     raise TargetChanged(f"no one module defines {sorted(called)}")
 
 
-# TorchRL's sample units (Sequence, SubgoalTriplet; TorchRL main, not in a release yet)
-# read episode boundaries through one static method: it first puts the index's
-# boundaries in the cache it reads. Same shape as INLINE_HOOKS.
-SAMPLE_UNIT_HOOKS = {
-    ("sample_units.py", "SampleUnit._episode_boundaries"): (
-        ("_seed_episode_boundaries(storage, done_key, device)",),
-        (),
+# Where _ReplayBoundaryIndex finds nothing cached (the sample units Sequence and
+# SubgoalTriplet always ask it), the storage's index serves the boundaries: the
+# source edits (old, new) of its __init__, which the upstream patch makes to the
+# same text (patching.derive_from_source; the method's source dedented).
+BOUNDARY_INDEX_EDITS = {
+    ("utils.py", "_ReplayBoundaryIndex.__init__"): (
+        (
+            "            cached = storage_cache[1].get(cache_key)\n",
+            "            cached = storage_cache[1].get(cache_key)\n"
+            "        if cached is None and end_to_start_stop is None:\n"
+            "            cached = _indexed_boundaries(storage, source, device)\n",
+        ),
     ),
 }
-# Fingerprints of the stock SampleUnit._episode_boundaries: torchrl-nightly 2026.10.27.
-_KNOWN_EPISODE_BOUNDARIES = {"01892c957be6fac6"}
+# Fingerprints of the stock _ReplayBoundaryIndex.__init__: 0.14.1, torchrl-nightly 2026.10.27.
+_KNOWN_BOUNDARY_INDEX_INIT = {"b68b83d4c69b22a8"}
 
 # Fingerprints of the stock SliceSampler.sample and _sample_slices whose draw
 # slice_sampling reproduces: 0.11.1, 0.12.0 and 0.13.3, 0.14.1, torchrl-nightly
@@ -176,9 +195,10 @@ class SliceBoundaryIndex(Fix):
     torchrl_versions = SpecifierSet(">=0.11")
     targets = (
         "torchrl.data.replay_buffers.samplers.SliceSampler._get_stop_and_length / __init__ / sample",
+        "from TorchRL 0.14 on, torchrl.data.replay_buffers.utils._ReplayBoundaryIndex.__init__",
         "torchrl.data.replay_buffers.storages.TensorStorage.set",
         "torchrl.data.replay_buffers.storages.Storage.__getstate__",
-        "before TorchRL 0.14, the mutation revision: Storage._mutation_revision / "
+        "before TorchRL 0.14, the mutation revision: Storage._mutation_revision / _last_cursor_index / "
         "_bump_mutation_revision, TensorStorage.__init__ / _empty / load_state_dict, "
         "LazyMemmapStorage.load_state_dict, Storage.loads, ReplayBuffer.set_ / set_at_ / update_",
     )
@@ -187,13 +207,16 @@ class SliceBoundaryIndex(Fix):
     # patch's header show this text.
     fallbacks = (
         "storages other than TensorStorage over a TensorDict, ndim > 2, "
-        "fragmented=True, compile=True, a use_gpu device this machine cannot use (stock raises), "
-        "static ends/trajectories, subclasses that override the boundary recovery or a write path, "
-        "boundary columns the stock code would reject or squeeze or that lie on different devices, "
-        "fewer than 2 rows, "
-        "memmap storages pickled or copied outside torch.multiprocessing; before TorchRL 0.14 "
-        "(no mutation revision to see every write by): compilable=True storages, storages "
-        "shared between processes but built before the fix was applied"
+        "fragmented=True, compile=True, a use_gpu device this machine cannot use (which raises, "
+        "as before), static ends/trajectories, samplers that override the boundary recovery, "
+        "boundary columns the whole-storage recovery would reject or squeeze or that lie on "
+        "different devices, fewer than 2 rows, "
+        "memmap storages pickled or copied outside torch.multiprocessing"
+    )
+    release_fallbacks = (
+        "before TorchRL 0.14 (no mutation revision to see every write by): compilable=True "
+        "storages, storages shared between processes but built before the fix was applied, "
+        "storage classes with a write path of their own"
     )
 
     def plan(self) -> list[Replacement]:
@@ -234,8 +257,9 @@ class SliceBoundaryIndex(Fix):
             replacements += [
                 Replacement(Storage, "_mutation_revision", property(mutation_revision._mutation_revision)),
                 Replacement(Storage, "_bump_mutation_revision", mutation_revision._bump_mutation_revision),
+                Replacement(Storage, "_last_cursor_index", property(mutation_revision._last_cursor_index)),
             ]
-        replacements += _sample_unit_replacements()
+        replacements += _boundary_index_replacements()
         _classes_fallback_reason.cache_clear()
         slice_sampling._classes_sampling_reason.cache_clear()
         return replacements
@@ -261,20 +285,18 @@ def _hooks() -> dict:
     return hooks
 
 
-def _sample_unit_replacements() -> list[Replacement]:
-    """The sample units' boundary hook, where TorchRL has sample units."""
-    try:
-        from torchrl.data.replay_buffers.sample_units import SampleUnit
-    except ImportError:
-        return []  # releases before 0.14
+def _boundary_index_replacements() -> list[Replacement]:
+    """``_ReplayBoundaryIndex`` reading the storage's index, where TorchRL has it (0.14 on)."""
+    if _ReplayBoundaryIndex is None:
+        return []
     replacements = []
-    for (_, qualname), (before, after) in SAMPLE_UNIT_HOOKS.items():
+    for (_, qualname), edits in BOUNDARY_INDEX_EDITS.items():
         name = qualname.split(".")[1]
-        if name not in vars(SampleUnit):
-            continue  # 0.14's sample units read no episode boundaries
-        stock = stock_function(SampleUnit, name, _KNOWN_EPISODE_BOUNDARIES)
-        wrapper = wrap_with_statements(stock, before, after, vars(hook_module((*before, *after))))
-        replacements.append(Replacement(SampleUnit, name, staticmethod(wrapper)))
+        stock = stock_function(_ReplayBoundaryIndex, name, _KNOWN_BOUNDARY_INDEX_INIT)
+        new = derive_from_source(
+            stock, edits, _indexed_boundaries=boundary_cache._indexed_boundaries
+        )
+        replacements.append(Replacement(_ReplayBoundaryIndex, name, new))
     return replacements
 
 

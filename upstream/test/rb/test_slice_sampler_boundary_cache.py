@@ -224,7 +224,7 @@ def _write_paths(ndim, sampler_factory, capacity):
 
 @pytest.fixture
 def whole_storage_recoveries(monkeypatch):
-    """Records every call of the stock whole-storage boundary recovery."""
+    """Records every call of the whole-storage boundary recovery."""
     calls = []
 
     def counting(*args, **kwargs):

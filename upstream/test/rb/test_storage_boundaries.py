@@ -8,32 +8,30 @@ import torch
 from tensordict import TensorDict
 
 from torchrl.data import LazyTensorStorage, ReplayBuffer
-from torchrl_fixes.storage_boundaries import (
-    _INCREMENTAL,
+from torchrl_fixes.boundary_cache import (
+    _indexed_boundaries,
     _REPLAY_BOUNDARY_CACHE,
     _storage_boundaries,
-    _written_rows,
 )
-from torchrl_fixes.trajectory_boundaries import TrajectoryBoundaries
+from torchrl_fixes.storage_boundaries import _written_rows, StorageBoundaries
 
 CAPACITY = 10
+DONE = ("next", "done")
 
 
-def _rows(n):
-    step = torch.arange(n)
+def _rows(n, start=0, length=3):
+    step = torch.arange(start, start + n)
     return TensorDict(
-        {"obs": step.float(), ("next", "done"): (step % 3 == 2).unsqueeze(-1)}, [n]
+        {"obs": step.float(), DONE: (step % length == length - 1).unsqueeze(-1)}, [n]
     )
 
 
 def _read_storage(n=6):
-    """A storage with an entry, as the first slice sample leaves it, and its index."""
+    """A storage whose index a reader asked for, and that index."""
     storage = LazyTensorStorage(CAPACITY)
     storage.set(torch.arange(n), _rows(n))
-    boundaries = _storage_boundaries(storage)
-    index = boundaries.indexes[("end", ("next", "done"))] = TrajectoryBoundaries("end")
-    done = storage._storage["next", "done"]
-    index.refresh(lambda rows: done[rows].reshape(-1, 1), capacity=CAPACITY, length=n)
+    assert _indexed_boundaries(storage, ("end", DONE), None) is not None
+    (index,) = _storage_boundaries(storage).indexes.values()
     return storage, index
 
 
@@ -74,13 +72,13 @@ class TestWrittenRows:
 
 
 class TestStorageBoundaries:
-    def test_storage_no_sampler_read_keeps_no_entry(self):
+    def test_storage_nobody_reads_keeps_a_plain_entry(self):
         rb = ReplayBuffer(storage=LazyTensorStorage(CAPACITY))
         rb.extend(_rows(6))
         rb.extend(_rows(3))
         rb.sample(2)
         cached = _REPLAY_BOUNDARY_CACHE.get(rb.storage)
-        assert cached is None or _INCREMENTAL not in cached[1]
+        assert cached is None or not isinstance(cached[1], StorageBoundaries)
 
     @pytest.mark.parametrize("write", ["extend", "add", "setitem", "set"])
     def test_write_is_recorded_under_the_new_revision(self, write):
@@ -95,9 +93,9 @@ class TestStorageBoundaries:
             rb[torch.tensor([0, 1])] = _rows(2)
         else:
             storage.set(torch.tensor([3, 4]), _rows(2))
-        boundaries = _storage_boundaries(storage)
-        assert boundaries.revision == int(storage._mutation_revision)
-        assert boundaries.indexes[("end", ("next", "done"))] is index
+        revision, entry = _REPLAY_BOUNDARY_CACHE[storage]
+        assert revision == entry.revision == int(storage._mutation_revision)
+        assert entry.indexes[("end", DONE)] is index
         assert index.built
         assert index.pending_rows == (1 if write == "add" else 2)
 

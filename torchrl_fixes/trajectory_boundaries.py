@@ -210,7 +210,7 @@ class TrajectoryBoundaries:
             trajectory, ordered by lane then row, and ``lengths``, ``[N]``.
         """
         with self._lock:
-            self._query(
+            self.trajectories(
                 signal,
                 capacity=capacity,
                 length=length,

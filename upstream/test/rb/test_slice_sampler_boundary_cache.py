@@ -293,6 +293,25 @@ class TestSliceSamplerOnlineLoop:
         assert not whole_storage_recoveries
 
 
+def _assert_samples_after_each_write_path(
+    sampler_factory, storage_kind, ndim, tmp_path, samples
+):
+    """After each write path, ``samples`` samples equal the reference's."""
+    capacity = 40 if ndim == 1 else 120
+    scenario = _Scenario(sampler_factory, storage_kind, ndim, tmp_path, capacity)
+    for seed, (name, operation) in enumerate(
+        _write_paths(ndim, sampler_factory, capacity)
+    ):
+        scenario.apply(operation)
+        if not len(scenario.rb):
+            continue
+        try:
+            for sample in range(samples):
+                _assert_samples_like_reference(scenario, seed + 100 * sample)
+        except AssertionError as err:
+            raise AssertionError(f"after {name}: {err}") from err
+
+
 class TestSliceSamplerBoundariesAfterWrites:
     @pytest.mark.parametrize(
         "sampler_cls", [SliceSampler, SliceSamplerWithoutReplacement]
@@ -311,18 +330,9 @@ class TestSliceSamplerBoundariesAfterWrites:
                 slice_len=3, strict_length=strict_length, **_SAMPLER_KEYS[key]
             )
 
-        capacity = 40 if ndim == 1 else 120
-        scenario = _Scenario(sampler_factory, storage_kind, ndim, tmp_path, capacity)
-        for seed, (name, operation) in enumerate(
-            _write_paths(ndim, sampler_factory, capacity)
-        ):
-            scenario.apply(operation)
-            if not len(scenario.rb):
-                continue
-            try:
-                _assert_samples_like_reference(scenario, seed)
-            except AssertionError as err:
-                raise AssertionError(f"after {name}: {err}") from err
+        _assert_samples_after_each_write_path(
+            sampler_factory, storage_kind, ndim, tmp_path, samples=1
+        )
 
     @pytest.mark.parametrize("key", list(_SAMPLER_KEYS))
     @pytest.mark.parametrize("ndim", [1, 2])
@@ -330,20 +340,10 @@ class TestSliceSamplerBoundariesAfterWrites:
         def sampler_factory():
             return SliceSampler(slice_len=3, cache_values=True, **_SAMPLER_KEYS[key])
 
-        capacity = 40 if ndim == 1 else 120
-        scenario = _Scenario(sampler_factory, "tensor", ndim, tmp_path, capacity)
-        for seed, (name, operation) in enumerate(
-            _write_paths(ndim, sampler_factory, capacity)
-        ):
-            scenario.apply(operation)
-            if not len(scenario.rb):
-                continue
-            try:
-                # twice: the second sample reads what the first one cached
-                _assert_samples_like_reference(scenario, seed)
-                _assert_samples_like_reference(scenario, seed + 100)
-            except AssertionError as err:
-                raise AssertionError(f"after {name}: {err}") from err
+        # twice: the second sample reads what the first one cached
+        _assert_samples_after_each_write_path(
+            sampler_factory, "tensor", ndim, tmp_path, samples=2
+        )
 
 
 class TestSliceSamplerInterleavedCollectors:

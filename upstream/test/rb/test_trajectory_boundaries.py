@@ -134,6 +134,16 @@ def _disagreeing_rows(ids, done, length):
     return (changes != done).t().nonzero()
 
 
+def _assert_index_matches(index, stored, kind, length, capacity, cursor):
+    """The index's boundaries of ``stored`` are a from-scratch recovery's."""
+    at_capacity = length == capacity
+    cursor = cursor if at_capacity else None
+    _assert_same(
+        _query(index, stored, length, at_capacity, cursor),
+        _boundaries_reference(stored, kind, length, at_capacity, cursor),
+    )
+
+
 @pytest.mark.usefixtures("chunk_load", "signal_path")
 class TestTrajectoryBoundaries:
     def test_bad_kind_and_short_length_raise(self):
@@ -175,13 +185,7 @@ class TestTrajectoryBoundaries:
             index.mark_written(rows)
             if length < 2:
                 continue
-            at_capacity = length == capacity
-            kept_cursor = cursor if at_capacity else None
-            got = _query(index, stored, length, at_capacity, kept_cursor)
-            _assert_same(
-                got,
-                _boundaries_reference(stored, kind, length, at_capacity, kept_cursor),
-            )
+            _assert_index_matches(index, stored, kind, length, capacity, cursor)
 
     @pytest.mark.parametrize("kind", ["end", "trajectory"])
     @pytest.mark.parametrize("lanes", [None, 2])
@@ -207,13 +211,7 @@ class TestTrajectoryBoundaries:
             new = _random_signal(kind, k, generator, lanes)
             stored[rows] = new if kind == "end" else new + int(stored.max()) + 1
             index.mark_written(rows)
-            at_capacity = length == capacity
-            kept_cursor = cursor if at_capacity else None
-            got = _query(index, stored, length, at_capacity, kept_cursor)
-            _assert_same(
-                got,
-                _boundaries_reference(stored, kind, length, at_capacity, kept_cursor),
-            )
+            _assert_index_matches(index, stored, kind, length, capacity, cursor)
 
     @pytest.mark.parametrize("kind", ["end", "trajectory"])
     def test_full_storage_without_cursor_or_any_end(self, kind):

@@ -83,6 +83,29 @@ def test_sample_unit_samples_match_stock(kind, capacity, writes):
 
 
 @pytest.mark.parametrize("kind", ["pad", "stop"])
+def test_sequence_without_done_key_matches_stock(kind):
+    """Sequence(done_key=None): the whole storage is one episode, as in stock."""
+    from torchrl.data import LazyTensorStorage, RandomSampler, ReplayBuffer
+
+    def scenario():
+        rb = ReplayBuffer(
+            storage=LazyTensorStorage(64),
+            sampler=RandomSampler(),
+            sample_unit=sample_units.Sequence(length=5, episode_boundary=kind, done_key=None),
+            batch_size=6,
+        )
+        out, position = [], 0
+        for count in (40, 3, 30):
+            rb.extend(_rows(position, count, length=9))
+            position += count
+            out.append(rb.sample(return_info=True))
+        return out
+
+    for seed in range(3):
+        assert_identical(run_stock(scenario, seed), run_patched(scenario, seed))
+
+
+@pytest.mark.parametrize("kind", ["pad", "stop"])
 def test_sequence_on_ndim2_storage_matches_stock(kind):
     """Sequence over an ndim=2 storage (time x lanes): stock's samples."""
     scenario = _scenario(kind, 120, 3, [15, 20, 9, 11])

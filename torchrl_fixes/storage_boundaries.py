@@ -261,6 +261,8 @@ def _signal_of(
     data, ndim = storage._storage, storage.ndim
     if ndim > 2:
         raise _Unsupported("storage with more than two batch dimensions")
+    if key is None:
+        raise _Unsupported("no key to read the boundaries from")
     if kind == "trajectory":
         columns = [_id_column(data, key, ndim)]
     else:

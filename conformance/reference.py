@@ -32,7 +32,7 @@ UPSTREAM = bool(os.environ.get(STOCK_SOURCE_ENV))
 # Where each patch puts its code in TorchRL's source: the fix is in effect there.
 _UPSTREAM_CODE = {
     "pinned_sample_output": ("torchrl.data.replay_buffers.utils", "_pin_tensor"),
-    "slice_boundary_index": ("torchrl.data.replay_buffers.storage_boundaries", "_record_write"),
+    "slice_boundary_index": ("torchrl.data.replay_buffers.utils", "_record_write"),
     "single_gather": ("torchrl.data.replay_buffers.samplers.slice", "_read_entries"),
 }
 
@@ -119,7 +119,11 @@ def boundary_index_module(part: str = "slice"):
     its signals: ``_AGREEMENT_BATCH``) or ``"cache"`` (the boundary cache's functions:
     ``_storage_boundaries``, ``is_compiling``; TorchRL's ``utils`` upstream)."""
     if UPSTREAM:
-        name = {"slice": "slice_boundaries", "storage": "storage_boundaries", "cache": "utils"}[part]
+        name = {
+            "slice": "samplers._slice_boundaries",
+            "storage": "storage_boundaries",
+            "cache": "utils",
+        }[part]
         return importlib.import_module(f"torchrl.data.replay_buffers.{name}")
     name = {"slice": "slice_boundaries", "storage": "storage_boundaries", "cache": "boundary_cache"}[part]
     return importlib.import_module(f"torchrl_fixes.{name}")

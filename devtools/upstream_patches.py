@@ -108,8 +108,15 @@ _LICENSE = """\
 _RB_MODULE = RB.replace("/", ".")
 # Runtime module -> the TorchRL module (under torchrl/data/replay_buffers/) its code
 # goes to, where that is not a module of the same name: the boundary cache's
-# functions live beside the cache, in utils.py.
-TORCHRL_MODULES = {"boundary_cache": "utils"}
+# functions live beside the cache, in utils.py; what the slice samplers alone read
+# is a sampler internal (samplers/, as samplers/_trajectory.py). The storage's side
+# stays beside utils.py, which imports it: under samplers/ it would import the
+# samplers, which import the storages, which import utils.
+TORCHRL_MODULES = {
+    "boundary_cache": "utils",
+    "slice_boundaries": "samplers._slice_boundaries",
+    "slice_sampling": "samplers._slice_sampling",
+}
 # A line of a runtime module for TorchRL releases before 0.14 alone: never true on
 # TorchRL main, where the module goes without it.
 BEFORE_014 = "  # TorchRL before 0.14"
@@ -125,7 +132,10 @@ _MODULE_REWRITES = (
     ("from torchrl_fixes.boundary_cache import", f"from {_RB_MODULE}.utils import"),
     ("from torchrl_fixes.trajectory_boundaries import", f"from {_RB_MODULE}.trajectory_boundaries import"),
     ("from torchrl_fixes.trajectory_order import", f"from {_RB_MODULE}.trajectory_order import"),
-    ("from torchrl_fixes.slice_boundaries import", f"from {_RB_MODULE}.slice_boundaries import"),
+    (
+        "from torchrl_fixes.slice_boundaries import",
+        f"from {_RB_MODULE}.samplers._slice_boundaries import",
+    ),
     (">>> import torch, torchrl_fixes\n", ">>> import torch\n"),
 )
 
@@ -614,7 +624,7 @@ def patches() -> list[UpstreamPatch]:
             (2, 3, 4, 5),
             (
                 NewModule(
-                    f"{RB}/slice_boundaries.py",
+                    f"{RB}/samplers/_slice_boundaries.py",
                     "torchrl_fixes.slice_boundaries",
                     rewrites=(
                         *to_torchrl,
@@ -634,7 +644,7 @@ def patches() -> list[UpstreamPatch]:
             (2, 3, 4, 5, 6),
             (
                 NewModule(
-                    f"{RB}/slice_sampling.py",
+                    f"{RB}/samplers/_slice_sampling.py",
                     "torchrl_fixes.slice_sampling",
                     rewrites=(
                         "from torchrl_fixes.slice_boundaries import",
@@ -1024,8 +1034,8 @@ Problem (in main's code)
   0.26 ms (below). #2669 reported it and is closed; the pass is in main.
 
 Change
-  New module slice_boundaries.py. SliceSampler._get_stop_and_length asks the
-  storage's boundary-cache entry (0005) first: the signal the sampler reads
+  New module samplers/_slice_boundaries.py. SliceSampler._get_stop_and_length
+  asks the storage's boundary-cache entry (0005) first: the signal the sampler reads
   (traj_key ids, end_key flags or the union of end_keys) is found once per
   sampler and storage, and its index (0004) gives the boundaries after O(k)
   work per write of k rows; they are exactly the whole-column recovery's, so
@@ -1078,8 +1088,8 @@ Change
   The index keeps each boundary signal's trajectory stops in a TrajectoryOrder
   (0003: sorted chunks of about 1,024 stops, each chunk with its trajectories'
   lengths and, per minimum length asked for, how many are that long).
-  SliceSampler.sample now asks it first (new module slice_sampling.py): the
-  same torch.randint draw, from the same generator, over the same count
+  SliceSampler.sample now asks it first (new module samplers/_slice_sampling.py):
+  the same torch.randint draw, from the same generator, over the same count
   (every trajectory, or those at least seq_length long where strict_length
   drops the others), picks trajectories by rank in the order, and
   _sample_slices receives only the drawn ones, numbered by traj_idx, plus one

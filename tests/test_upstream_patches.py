@@ -229,7 +229,8 @@ def test_patched_source_holds_the_runtime_modules(patched_torchrl):
 
     rb = patched_torchrl / "torchrl/data/replay_buffers"
     for module in (trajectory_boundaries, storage_boundaries, slice_boundaries, slice_sampling):
-        added = rb / Path(module.__file__).name
+        dotted = upstream_patches._torchrl_module(module.__name__)
+        added = patched_torchrl / (dotted.replace(".", "/") + ".py")
         runtime_text = upstream_patches._without_release_lines(
             Path(module.__file__).read_text(), module.__name__
         )

@@ -5,7 +5,7 @@
 ``torch.randint`` and reads the drawn ones: O(number of trajectories) per
 sample, after the boundaries are known. :func:`_sample_from_index` makes the
 same draw, from the same generator, by rank in the storage index's
-:class:`~.trajectory_order.TrajectoryOrder` (:mod:`.slice_boundaries`), and hands
+``TrajectoryOrder`` (what the sampler's boundary index reads), and hands
 ``_sample_slices`` the drawn trajectories only, numbered by ``traj_idx``: the
 samples are the same, and a sample costs O(batch) plus a scan of the order's
 chunk counts, whatever the number of trajectories.
@@ -36,7 +36,7 @@ def _sample_from_index(sampler, storage, batch_size: int):
     ``num_slices`` of them with ``torch.randint`` and hands the listing to
     ``_sample_slices`` with the draws. Here the same draw, from the same
     generator, picks the trajectories by rank in the index's
-    :class:`~.trajectory_order.TrajectoryOrder`, and ``_sample_slices`` gets
+    ``TrajectoryOrder``, and ``_sample_slices`` gets
     only the drawn ones (with ``traj_idx`` numbering them), plus one of the
     shortest where some are too short, so that it takes the branch it takes on
     the whole listing. Nothing is done per trajectory: O(batch) plus a scan of

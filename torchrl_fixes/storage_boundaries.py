@@ -19,7 +19,7 @@ query. Writing into the storage's tensors directly (``rb.storage._storage[...] =
 The entry also follows, for the slice samplers that name no key, the rows where
 the ``("next", "done")`` flags and the trajectory ids TorchRL reads by default
 (``("collector", "traj_ids")``, ``"episode"``) mark different ends, so that such a
-sampler may read the flags while they agree (``slice_boundaries`` decides).
+sampler may read the flags while they agree (the samplers' side decides).
 
 A memmap storage pickled outside ``torch.multiprocessing`` (or copied) writes into
 the same files with a revision of its own: :func:`_unseen_writes_reason` says so,

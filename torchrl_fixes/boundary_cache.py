@@ -54,9 +54,9 @@ def _revision_before_write(storage) -> int | None:
     ``None`` for a storage whose index no reader has asked for: its writes record
     nothing, and the first reader builds the index from the whole storage.
     """
-    if torch.compiler.is_compiling() or not storage.__dict__.get(_READ_ATTR, False):
+    if not storage.__dict__.get(_READ_ATTR, False):
         return None
-    return int(storage._mutation_revision)
+    return _mutation_revision(storage)
 
 
 def _boundary_cache_entry(storage, revision: int) -> StorageBoundaries:
@@ -97,9 +97,10 @@ def _record_write(storage, cursor, revision_before: int | None) -> None:
     to; where a mutation it did not record came before or with the write, it
     forgets every row instead.
     """
-    if revision_before is None or torch.compiler.is_compiling():
+    if revision_before is None:
         return  # a storage whose index nobody reads, or a compiled write
-    revision = _mutation_revision(storage)
+    # not compiling: the write began outside compiled code (revision_before is known)
+    revision = int(storage._mutation_revision)
     with _REPLAY_BOUNDARY_CACHE_LOCK:
         cached = _REPLAY_BOUNDARY_CACHE.get(storage)
         entry = None if cached is None else cached[1]

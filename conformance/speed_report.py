@@ -8,15 +8,20 @@ within one benchmark and carries their medians as ``stock_median_s`` and
 (``seed_table``, ``online sample-after-write``, ...), the trajectory ``key``
 (``episode``, ``done``, ``unnamed``), the transitions ``stored``, the buffer
 ``capacity``, the ``episode_len`` and the ``torchrl`` (and ``torch``) version. A
-benchmark may also time a floor in the same rounds (``floor_median_s``: what the
-operation cannot beat, a RandomSampler sample of the same batch). Benchmarks without
-a scenario and variant, or without statistics (``--benchmark-disable``), are left out.
+benchmark may also time floors in the same rounds, what the operation cannot beat:
+``floor_median_s``, a RandomSampler sample of the same batch, and
+``gather_floor_median_s``, the gather of the sample's own rows (``storage[index]``
+with an index the patched sampler drew, so that patched / gather floor is what the
+sampler adds to reading the rows). Benchmarks without a scenario and variant, or
+without statistics (``--benchmark-disable``), are left out.
 
 - :func:`medians` and :func:`rows` pair the two builds by scenario;
 - :func:`markdown_table` gives the median of each and the speed-up, stock median /
-  patched median; :func:`write_markdown` writes it under :func:`run_header`, one
-  line saying when, where and with which versions the benchmarks ran;
-- :func:`plot` draws the sample time against the transitions stored (PNG);
+  patched median, then each floor with patched / floor; :func:`write_markdown`
+  writes it under :func:`run_header`, one line saying when, where and with which
+  versions the benchmarks ran;
+- :func:`plot` draws the sample time against the transitions stored, and the
+  sweep's against the trajectories stored beside its floors (PNG);
 - :func:`regressions` compares the speed-ups with those of a baseline run. Each
   speed-up is a ratio of two medians from the same run, so the speed of the
   machine cancels out and runs from different machines can be compared.
@@ -43,6 +48,8 @@ from os import PathLike
 from typing import Any
 
 VARIANTS = ("stock", "patched")
+# The floors a ``pair`` benchmark may time beside the variants, as ``{name}_median_s``.
+FLOORS = ("floor", "gather_floor")
 
 # (operation, legend label) of the lines :func:`plot` draws.
 PLOTTED_OPERATIONS = (
@@ -50,8 +57,15 @@ PLOTTED_OPERATIONS = (
     ("online sample-after-write", "online, sample after a write"),
 )
 PLOTTED_KEY = "episode"
-# The rows drawn against the number of trajectories, with their floor.
+# The rows drawn against the number of trajectories, with their floors.
 SWEEP_OPERATION = "sweep sample-after-write"
+# (Row field, legend label, line style, color) of the sweep's lines.
+SWEEP_LINES = (
+    ("stock", "stock", "-", "C0"),
+    ("patched", "patched", "--", "C1"),
+    ("floor", "RandomSampler floor", ":", "C2"),
+    ("gather_floor", "gather floor", "-.", "C3"),
+)
 PLOT_TITLE = "SliceSampler sample time: stock vs torchrl_fixes"
 
 Report = dict[str, Any]
@@ -74,10 +88,10 @@ def _timed(report: Report) -> Iterator[tuple[str, dict[str, Any], dict[str, floa
         if scenario is None:
             continue
         if variant == "pair" and "stock_median_s" in info:
-            # both variants timed in turn within one benchmark, and maybe their floor
+            # both variants timed in turn within one benchmark, and maybe their floors
             yield scenario, info, {
                 v: float(info[f"{v}_median_s"])
-                for v in (*VARIANTS, "floor")
+                for v in (*VARIANTS, *FLOORS)
                 if f"{v}_median_s" in info
             }
         elif variant in VARIANTS and "median" in stats:
@@ -85,10 +99,11 @@ def _timed(report: Report) -> Iterator[tuple[str, dict[str, Any], dict[str, floa
 
 
 def medians(report: Report) -> dict[str, dict[str, float]]:
-    """Scenario -> variant -> median seconds, in the order scenarios first appear.
+    """Scenario -> variant (or floor) -> median seconds, in the order scenarios first appear.
 
     A benchmark whose ``variant`` is ``pair`` timed both variants in turn and
-    carries their medians as ``stock_median_s`` and ``patched_median_s``.
+    carries their medians as ``stock_median_s`` and ``patched_median_s``, and those
+    of the floors it timed as ``floor_median_s`` and ``gather_floor_median_s``.
     Benchmarks without a ``scenario`` / ``variant`` in ``extra_info``, or without
     statistics (``--benchmark-disable``), are left out.
     """
@@ -104,7 +119,8 @@ class Row:
 
     ``operation``, ``key``, ``stored`` and ``capacity`` are ``None`` where the
     benchmarks did not say; ``stock`` / ``patched`` are ``None`` where that build
-    was not timed.
+    was not timed, ``floor`` (a RandomSampler sample of the same batch) and
+    ``gather_floor`` (the gather of the sample's own rows) where that floor was not.
     """
 
     scenario: str
@@ -116,6 +132,7 @@ class Row:
     patched: float | None
     floor: float | None = None
     episode_len: int | None = None
+    gather_floor: float | None = None
 
     @property
     def speedup(self) -> float | None:
@@ -130,6 +147,16 @@ class Row:
         if self.patched is None or not self.floor:
             return None
         return self.patched / self.floor
+
+    @property
+    def over_gather_floor(self) -> float | None:
+        """Patched median / gather floor median (what the sampler adds to reading the rows).
+
+        ``None`` where no gather floor was timed.
+        """
+        if self.patched is None or not self.gather_floor:
+            return None
+        return self.patched / self.gather_floor
 
 
 def rows(report: Report | str | PathLike) -> list[Row]:
@@ -170,6 +197,7 @@ def rows(report: Report | str | PathLike) -> list[Row]:
                 patched=values.get("patched"),
                 floor=values.get("floor"),
                 episode_len=None if episode_len is None else int(episode_len),
+                gather_floor=values.get("gather_floor"),
             )
         )
     return table
@@ -234,26 +262,30 @@ def format_seconds(seconds: float | None) -> str:
 
 
 def markdown_table(report: Report | str | PathLike) -> str:
-    """A markdown table: scenario, stock median, patched median, speed-up, and the floor.
+    """A markdown table: scenario, stock median, patched median, speed-up, and the floors.
 
     ``report`` is the parsed JSON or a path to it. The speed-up is stock / patched
-    (above 1: the patched build is faster); the floor, where one was timed, is a
-    RandomSampler sample of the same batch, with patched / floor beside it; a dash
-    where a value is missing.
+    (above 1: the patched build is faster). The floors, where they were timed: a
+    RandomSampler sample of the same batch, with patched / floor beside it, then the
+    gather of the sample's own rows, with patched / gather floor (what the sampler
+    adds to reading the rows) beside it. A dash where a value is missing.
     """
     lines = [
         "| scenario | stock median | patched median | speed-up (stock/patched) "
-        "| RandomSampler floor | patched/floor |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        "| RandomSampler floor | patched/floor | gather floor | patched/gather floor |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for row in rows(report):
-        speedup = "-" if row.speedup is None else f"{row.speedup:.2f}x"
-        over_floor = "-" if row.over_floor is None else f"{row.over_floor:.2f}x"
         lines.append(
             f"| {row.scenario} | {format_seconds(row.stock)} | {format_seconds(row.patched)}"
-            f" | {speedup} | {format_seconds(row.floor)} | {over_floor} |"
+            f" | {_ratio(row.speedup)} | {format_seconds(row.floor)} | {_ratio(row.over_floor)}"
+            f" | {format_seconds(row.gather_floor)} | {_ratio(row.over_gather_floor)} |"
         )
     return "\n".join(lines)
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
 
 
 def write_markdown(report: Report | str | PathLike, path: str | PathLike) -> None:
@@ -302,7 +334,10 @@ def plot(report: Report | str | PathLike, path: str | PathLike) -> None:
     One line per operation of :data:`PLOTTED_OPERATIONS` (``seed_table``: a static
     buffer; ``online sample-after-write``: a sample right after a write) and build,
     stock solid and patched dashed, from the rows whose trajectory key is
-    ``episode``. Lines without a point are left out.
+    ``episode``. Where there are ``sweep sample-after-write`` rows, a second panel
+    draws those of the largest stored size against the trajectories stored, with
+    one line per build and per floor (:data:`SWEEP_LINES`). Lines without a point
+    are left out.
 
     Args:
         report: the parsed pytest-benchmark JSON or a path to it.
@@ -367,13 +402,14 @@ def _draw_sweep(axes, stored: int, lines) -> None:
     axes.set_ylabel("median sample time after a write (ms)")
     axes.grid(True, which="both", alpha=0.3)
     axes.legend()
-    axes.set_title("sample after a write, against the RandomSampler floor", fontsize="small")
+    axes.set_title("sample after a write, against its floors", fontsize="small")
 
 
 def _sweep_lines(table: list[Row]):
     """``(stored, lines)`` of the sweep's largest stored size, or None without sweep rows.
 
-    One line per build and one for the floor: (trajectories stored, median seconds).
+    One line per build and one per floor (the RandomSampler one and the gather of
+    the sample's own rows): (trajectories stored, median seconds).
     """
     found = [
         row for row in table
@@ -384,13 +420,12 @@ def _sweep_lines(table: list[Row]):
     stored = max(row.stored for row in found)
     found = sorted((row for row in found if row.stored == stored), key=lambda r: r.episode_len, reverse=True)
     lines = []
-    for variant, style, color in (("stock", "-", "C0"), ("patched", "--", "C1"), ("floor", ":", "C2")):
+    for variant, label, style, color in SWEEP_LINES:
         points = [
             (row.stored // row.episode_len, getattr(row, variant))
             for row in found
             if getattr(row, variant)
         ]
-        label = "RandomSampler floor" if variant == "floor" else variant
         if points:
             lines.append((points, label, style, color))
     return stored, lines
@@ -451,6 +486,8 @@ def row_dict(row: Row) -> dict[str, Any]:
         "speedup": row.speedup,
         "floor_s": fields["floor"],
         "patched_over_floor": row.over_floor,
+        "gather_floor_s": fields["gather_floor"],
+        "patched_over_gather_floor": row.over_gather_floor,
         "episode_len": fields["episode_len"],
     }
 

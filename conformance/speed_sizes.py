@@ -78,8 +78,9 @@ KEYS = ("episode", "done")
 SEED_TABLE = [
     *(Case("seed", k, 1_000_000, 1_200_000, rounds=30) for k in KEYS),
     *(Case("seed", k, 1_000_000, 120_000_000, rounds=30) for k in KEYS),
-    *(Case("seed", k, 5_000_000, 6_000_000, rounds=10, scale="report") for k in KEYS),
+    *(Case("seed", k, 5_000_000, 6_000_000, rounds=30, scale="report") for k in KEYS),
     *(Case("seed", k, 5_000_000, 600_000_000, rounds=10, scale="report") for k in KEYS),
+    *(Case("seed", k, 50_000_000, 60_000_000, rounds=30, scale="report") for k in KEYS),
     *(Case("seed", k, 346_000_000, 600_000_000, rounds=5, scale="full") for k in KEYS),
 ]
 ONLINE = [
@@ -104,7 +105,8 @@ COLD = [
 # The same stored size in ever shorter episodes: 100x more trajectories from the
 # first to the last, for a sample right after a write (the online rows, 2,048 of
 # them as 64 slices of 32, so that the shortest episodes hold a slice), beside its
-# floor (a RandomSampler sample of the same batch from the same storage).
+# floors (a RandomSampler sample of the same batch from the same storage, and the
+# gather of the sample's own rows).
 SWEEP_EPISODE_LENS = (3_200, 320, 32)
 SWEEP = [
     *(
@@ -119,7 +121,7 @@ SWEEP = [
         for n in SWEEP_EPISODE_LENS
     ),
 ]
-# The online sample after a write by a SliceSampler(use_gpu=True), beside its floor:
+# The online sample after a write by a SliceSampler(use_gpu=True), beside its floors:
 # that device (the CPU where there is no accelerator) is where stock finds the
 # boundaries; they, and the samples, are on the storage's device either way.
 USE_GPU = [

@@ -57,11 +57,11 @@ def test_markdown_table_from_a_json_file(tmp_path, capsys):
     expected = "\n".join(
         [
             "| scenario | stock median | patched median | speed-up (stock/patched) "
-            "| RandomSampler floor | patched/floor |",
-            "| --- | ---: | ---: | ---: | ---: | ---: |",
-            "| seed_table done 1M/1.2M | 24 ms | 300 µs | 80.00x | - | - |",
-            "| extend room done 1M/1.5M | 100 µs | 110 µs | 0.91x | - | - |",
-            "| online step done 2M/3M | 1.5 s | - | - | - | - |",
+            "| RandomSampler floor | patched/floor | gather floor | patched/gather floor |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+            "| seed_table done 1M/1.2M | 24 ms | 300 µs | 80.00x | - | - | - | - |",
+            "| extend room done 1M/1.5M | 100 µs | 110 µs | 0.91x | - | - | - | - |",
+            "| online step done 2M/3M | 1.5 s | - | - | - | - | - | - |",
         ]
     )
     assert markdown_table(path) == expected
@@ -222,7 +222,10 @@ def test_write_markdown_puts_the_header_above_the_table(tmp_path):
     assert lines[0].startswith("2026-11-23 · AMD EPYC")
     assert lines[1] == ""
     assert lines[2].startswith("| scenario |")
-    assert "| seed_table episode 1000000/1200000 | 24 ms | 300 µs | 80.00x | - | - |" in lines
+    assert (
+        "| seed_table episode 1000000/1200000 | 24 ms | 300 µs | 80.00x | - | - | - | - |"
+        in lines
+    )
 
 
 def test_plot_writes_a_png(tmp_path):
@@ -327,6 +330,8 @@ def test_cli_json_prints_the_rows(tmp_path, capsys):
         "speedup": 0.024 / 0.0003,
         "floor_s": None,
         "patched_over_floor": None,
+        "gather_floor_s": None,
+        "patched_over_gather_floor": None,
         "episode_len": None,
     }
     assert printed[6]["speedup"] == 1.0
@@ -346,19 +351,26 @@ def test_cli_bad_usage_returns_2(capsys):
     assert "usage:" in capsys.readouterr().err
 
 
-def _sweep_bench(episode_len, stock, patched, floor):
-    return {
-        "extra_info": {
-            "scenario": f"sweep sample-after-write done 2M/3M, {episode_len}-step episodes",
-            "variant": "pair", "operation": "sweep sample-after-write", "key": "done",
-            "stored": 2_000_000, "capacity": 3_000_000, "episode_len": episode_len,
-            "stock_median_s": stock, "patched_median_s": patched, "floor_median_s": floor,
-        }
+def _sweep_bench(episode_len, stock, patched, floor, gather_floor=None):
+    info = {
+        "scenario": f"sweep sample-after-write done 2M/3M, {episode_len}-step episodes",
+        "variant": "pair", "operation": "sweep sample-after-write", "key": "done",
+        "stored": 2_000_000, "capacity": 3_000_000, "episode_len": episode_len,
+        "stock_median_s": stock, "patched_median_s": patched, "floor_median_s": floor,
     }
+    if gather_floor is not None:
+        info["gather_floor_median_s"] = gather_floor
+    return {"extra_info": info}
 
 
 SWEEP = {"benchmarks": [
     _sweep_bench(1000, 0.02, 0.0012, 0.001), _sweep_bench(10, 0.03, 0.0015, 0.001)
+]}
+# The same rows with the gather of the sample's own rows timed too, but for the last.
+SWEEP_WITH_GATHER = {"benchmarks": [
+    _sweep_bench(1000, 0.02, 0.0012, 0.001, gather_floor=0.0004),
+    _sweep_bench(100, 0.025, 0.0013, 0.001, gather_floor=0.00052),
+    _sweep_bench(10, 0.03, 0.0015, 0.001),
 ]}
 
 
@@ -366,11 +378,36 @@ def test_a_floor_timed_in_the_same_rounds_is_in_the_row_and_the_table():
     first, last = rows(SWEEP)
     assert (first.floor, first.episode_len) == (0.001, 1000)
     assert last.over_floor == pytest.approx(1.5)
+    assert (first.gather_floor, first.over_gather_floor) == (None, None)
     table = markdown_table(SWEEP).splitlines()
     assert table[2] == (
         "| sweep sample-after-write done 2M/3M, 1000-step episodes | 20 ms | 1.2 ms | 16.67x"
-        " | 1 ms | 1.20x |"
+        " | 1 ms | 1.20x | - | - |"
     )
+
+
+def test_the_gather_floor_is_in_the_row_the_table_and_the_json(tmp_path, capsys):
+    first, second, last = rows(SWEEP_WITH_GATHER)
+    assert first.gather_floor == 0.0004
+    assert first.over_gather_floor == pytest.approx(3.0)
+    assert second.over_gather_floor == pytest.approx(2.5)
+    assert (last.gather_floor, last.over_gather_floor) == (None, None)
+    assert medians(SWEEP_WITH_GATHER)[first.scenario] == {
+        "stock": 0.02, "patched": 0.0012, "floor": 0.001, "gather_floor": 0.0004
+    }
+    assert markdown_table(SWEEP_WITH_GATHER).splitlines()[2:] == [
+        "| sweep sample-after-write done 2M/3M, 1000-step episodes | 20 ms | 1.2 ms | 16.67x"
+        " | 1 ms | 1.20x | 400 µs | 3.00x |",
+        "| sweep sample-after-write done 2M/3M, 100-step episodes | 25 ms | 1.3 ms | 19.23x"
+        " | 1 ms | 1.30x | 520 µs | 2.50x |",
+        "| sweep sample-after-write done 2M/3M, 10-step episodes | 30 ms | 1.5 ms | 20.00x"
+        " | 1 ms | 1.50x | - | - |",
+    ]
+    assert main([_write(tmp_path, "bench.json", SWEEP_WITH_GATHER), "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed[0]["gather_floor_s"] == 0.0004
+    assert printed[0]["patched_over_gather_floor"] == pytest.approx(3.0)
+    assert (printed[2]["gather_floor_s"], printed[2]["patched_over_gather_floor"]) == (None, None)
 
 
 def test_the_sweep_is_drawn_against_trajectories_with_its_floor(tmp_path):
@@ -381,7 +418,23 @@ def test_the_sweep_is_drawn_against_trajectories_with_its_floor(tmp_path):
     drawn = {label: points for points, label, _, _ in lines}
     assert drawn["RandomSampler floor"] == [(2_000, 0.001), (200_000, 0.001)]
     assert drawn["patched"] == [(2_000, 0.0012), (200_000, 0.0015)]
+    # no gather floor timed: no line for it
+    assert list(drawn) == ["stock", "patched", "RandomSampler floor"]
     assert speed_report._sweep_lines(rows(PAIRS)) is None
     path = tmp_path / "with-sweep.png"
     plot({"benchmarks": PAIRS["benchmarks"] + SWEEP["benchmarks"]}, path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_sweep_draws_the_gather_floor_where_it_was_timed(tmp_path):
+    from conformance import speed_report
+
+    _, lines = speed_report._sweep_lines(rows(SWEEP_WITH_GATHER))
+    drawn = {label: (points, style) for points, label, style, _ in lines}
+    assert list(drawn) == ["stock", "patched", "RandomSampler floor", "gather floor"]
+    # the 10-step row has no gather floor: the line stops where the timings do
+    assert drawn["gather floor"] == ([(2_000, 0.0004), (20_000, 0.00052)], "-.")
+    assert drawn["RandomSampler floor"][1] == ":"
+    path = tmp_path / "with-gather.png"
+    plot(SWEEP_WITH_GATHER, path)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

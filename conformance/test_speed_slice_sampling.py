@@ -13,7 +13,7 @@ Groups:
 
 - ``seed_table``: one ``rb.sample()`` of 256 slices of length 4 without the value
   cache, on a buffer holding only what the sampler reads (the issue's table), with
-  its floor; ``seed_table sample-after-write`` is the same sample right after a
+  its floors; ``seed_table sample-after-write`` is the same sample right after a
   1,000-row write.
 - ``online step`` / ``online sample-after-write`` / ``online extend``: the online
   loop (write 1,000 rows, sample 2,048 as 32 slices, value cache on);
@@ -25,11 +25,21 @@ Groups:
   the oldest rows of a full buffer.
 - ``sweep sample-after-write``: a sample of 2,048 online rows as 64 slices of 32
   right after a write, at one stored size, in 3,200-, 320- and 32-step episodes
-  (100x more trajectories), with its floor: a ``RandomSampler`` sample of the same
-  batch from the same storage, timed in the same rounds (``floor_median_s``).
+  (100x more trajectories), with its floors.
 - ``use_gpu sample-after-write``: the online sample after a write by a
   ``SliceSampler(use_gpu=True)`` (the CPU where there is no accelerator, a GPU
-  over this CPU storage where there is one), with the same floor.
+  over this CPU storage where there is one), with its floors.
+
+The floors, timed in the same rounds as the two variants, on the patched buffer's
+storage: a ``RandomSampler`` sample of the same batch (``floor_median_s``: what
+TorchRL's sampling costs with no trajectory to find), and the gather of the sample's
+own rows, ``storage[index]`` with an index the patched sampler drew
+(``gather_floor_median_s``: what reading the rows costs, so that the patched median
+over it is what the sampler adds). Where the sample follows a write, each floor
+follows a write of its own too. Stock opens each round, and patched and the floors
+take turns right after it (``conformance/timing_in_turn.py``): stock's pass over the
+whole storage leaves the caches cold for whatever comes next, and each of them
+meets that as often as the others.
 
 Sizes come from ``--slice-scale`` (``ci``, ``report``, ``full``); the cases of each
 scale, and the memory it needs, are in ``conformance/speed_sizes.py``. Every test here is
@@ -40,7 +50,7 @@ each timed operation runs once. ``conformance/speed_report.py`` turns the
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import pytest
 import torch
@@ -51,6 +61,7 @@ from torchrl.data import (
     RandomSampler,
     ReplayBuffer,
     SliceSampler,
+    Storage,
     TensorDictReplayBuffer,
 )
 
@@ -69,6 +80,7 @@ from conformance.speed_sizes import (
     GiB,
     cases_at,
 )
+from conformance.timing_in_turn import Floor
 
 pytestmark = [pytest.mark.speed, pytest.mark.usefixtures("slice_threads")]
 
@@ -318,13 +330,13 @@ def time_in_turn(
     *,
     setup: Callable[[str], None] | None = None,
     warmup_rounds: int = 1,
-    floor: Callable[[], None] | None = None,
+    floors: Mapping[str, Floor | Callable[[], None]] | None = None,
 ) -> dict[str, float]:
     """:func:`conformance.timing_in_turn.time_in_turn` for ``case``, described for the report."""
     _describe(benchmark, case, operation)
     return timing_in_turn.time_in_turn(
         benchmark, timed, rounds=case.rounds, setup=setup, warmup_rounds=warmup_rounds,
-        floor=floor,
+        floors=floors,
     )
 
 
@@ -336,20 +348,22 @@ def test_seed_table_sample(benchmark, seed_table_pair):
 
     The issue's table: stock rebuilds the trajectory boundaries from every stored row
     on each call, so its time grows with the stored size (and, for episode ids, with
-    the capacity); the index keeps the patched time flat. The floor, timed in the
-    same rounds: a ``RandomSampler`` sample of the same 1,024 rows from the patched
-    buffer's storage.
+    the capacity); the index keeps the patched time flat. The floors, timed in the
+    same rounds on the patched buffer's storage: a ``RandomSampler`` sample of the
+    same 1,024 rows, and the gather of the 1,024 rows the patched sampler drew.
     """
     pair = seed_table_pair
     case = pair["stock"].case
     time_in_turn(
-        benchmark, case, "seed_table", lambda v: pair[v].rb.sample(), floor=_random_floor(pair)
+        benchmark, case, "seed_table", lambda v: pair[v].rb.sample(), floors=_floors(pair)
     )
 
 
 def test_seed_table_sample_after_write(benchmark, seed_table_pair):
-    """The seed table's sample right after a write of 1,000 rows (untimed), and its floor."""
-    _time_sample_after_write_with_floor(benchmark, seed_table_pair, "seed_table sample-after-write")
+    """The seed table's sample right after a write of 1,000 rows (untimed), and its floors."""
+    _time_sample_after_write_with_floors(
+        benchmark, seed_table_pair, "seed_table sample-after-write"
+    )
 
 
 # --- 2. online loop ----------------------------------------------------------------
@@ -409,16 +423,17 @@ def test_online_sample_without_write(benchmark, online_pair):
 def test_sweep_sample_after_write(benchmark, sweep_pair):
     """A sample right after a write, at one stored size in shorter and shorter episodes.
 
-    1,000 rows are written (untimed) before each sample. The floor, timed in the same
-    rounds: a ``RandomSampler`` sample of the same 2,048 rows from the patched
-    buffer's storage, what TorchRL's sampling costs with no trajectory to find.
+    1,000 rows are written (untimed) before each sample. The floors, timed in the
+    same rounds on the patched buffer's storage: a ``RandomSampler`` sample of the
+    same 2,048 rows, what TorchRL's sampling costs with no trajectory to find, and
+    the gather of the 2,048 rows the patched sampler drew, what reading them costs.
     """
-    _time_sample_after_write_with_floor(benchmark, sweep_pair, "sweep sample-after-write")
+    _time_sample_after_write_with_floors(benchmark, sweep_pair, "sweep sample-after-write")
 
 
 def test_use_gpu_sample_after_write(benchmark, use_gpu_pair):
-    """The online sample right after a write, by a ``SliceSampler(use_gpu=True)``, and its floor."""
-    _time_sample_after_write_with_floor(benchmark, use_gpu_pair, "use_gpu sample-after-write")
+    """The online sample right after a write by a ``SliceSampler(use_gpu=True)``, and its floors."""
+    _time_sample_after_write_with_floors(benchmark, use_gpu_pair, "use_gpu sample-after-write")
 
 
 def _random_floor(pair) -> Callable[[], None]:
@@ -433,15 +448,85 @@ def _random_floor(pair) -> Callable[[], None]:
     return _on_device(random.sample, patched.device)
 
 
-def _time_sample_after_write_with_floor(benchmark, pair, operation: str) -> None:
-    """Times a sample after an untimed 1,000-row write, and the floor in the same rounds."""
+def _gather_floor(pair) -> Floor:
+    """The gather floor of a pair's sample: ``storage[index]``, the read of the rows that
+    the patched sampler drew, finished on the device.
+
+    Before each turn (untimed) the patched buffer's sampler draws an index as the
+    buffer's ``sample()`` has it draw one, ``rb.sampler.sample(rb.storage,
+    rb.batch_size)``, moved to the storage's device as the buffer moves it; the turn
+    times ``rb.storage[index]``, which is ``rb.storage.get(index)``, the buffer's own
+    read of those rows. The patched median over this one is then what the sampler,
+    and the rest of ``sample()``, cost on top of reading the rows.
+
+    A draw of its own keeps the timed patched sample the plain ``rb.sample()`` it is
+    without this floor (taking the index out of it would add a call to each timed
+    patched turn), and gives an index of the same round whichever turn comes first:
+    every other round, the floors take their turns before the variants. As in
+    ``sample()``, the rows are read right after the draw, which touches only what
+    the sampler reads of them.
+    """
+    patched = pair["patched"]
+    rb = patched.rb
+    drawn = {}
+
+    def draw_index():
+        index, _ = rb.sampler.sample(rb.storage, rb.batch_size)
+        drawn["index"] = _on_storage_device(index, rb.storage)
+
+    def read_rows():
+        rb.storage[drawn["index"]]
+
+    draw = _on_device(draw_index, patched.device)
+    gather = _on_device(read_rows, patched.device)
+    draw()
+    gather()
+    return Floor(timed=gather, setup=draw)
+
+
+def _on_storage_device(index, storage: Storage):
+    """``index`` (a tensor or a tuple of them) on ``storage``'s device, as the buffer
+    gathers it: a ``use_gpu`` sampler may draw on another device."""
+    device = getattr(storage, "device", None)
+    if device is None or device == "auto":
+        return index
+    if isinstance(index, tuple):
+        return tuple(_on_storage_device(item, storage) for item in index)
+    return index.to(device) if isinstance(index, torch.Tensor) else index
+
+
+def _floors(pair, *, after_write: bool = False) -> dict[str, Floor | Callable[[], None]]:
+    """The floors of a pair's sample, by the names the report reads.
+
+    ``after_write``: each floor's turn follows a write of its own into the patched
+    buffer (untimed), as the sample it is the floor of follows one.
+    """
+    floors = {"floor": Floor(_random_floor(pair)), "gather_floor": _gather_floor(pair)}
+    if not after_write:
+        return floors
+    write = _write(pair)
+
+    def written_first(floor: Floor) -> Floor:
+        def setup():
+            write("patched")
+            if floor.setup is not None:
+                floor.setup()
+
+        return Floor(timed=floor.timed, setup=setup)
+
+    return {name: written_first(floor) for name, floor in floors.items()}
+
+
+def _time_sample_after_write_with_floors(benchmark, pair, operation: str) -> None:
+    """Times a sample after an untimed 1,000-row write, and its floors, each after a
+    write of its own, in the same rounds."""
     time_in_turn(
         benchmark,
         pair["stock"].case,
         operation,
         lambda v: pair[v].sample(),
         setup=_write(pair),
-        floor=_random_floor(pair),
+        floors=_floors(pair, after_write=True),
     )
 
 

@@ -3,9 +3,21 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 VARIANTS = ("stock", "patched")
+
+
+@dataclass(frozen=True)
+class Floor:
+    """A floor's turn in :func:`time_in_turn`: ``timed()``, after ``setup()`` (untimed).
+
+    A floor given as a bare callable is a :class:`Floor` without a setup.
+    """
+
+    timed: Callable[[], None]
+    setup: Callable[[], None] | None = None
 
 
 def time_in_turn(
@@ -15,37 +27,69 @@ def time_in_turn(
     rounds: int,
     setup: Callable[[str], None] | None = None,
     warmup_rounds: int = 1,
-    floor: Callable[[], None] | None = None,
+    floors: Mapping[str, Floor | Callable[[], None]] | None = None,
 ) -> dict[str, float]:
     """Times ``timed(variant)`` for stock and patched in turn, and records both medians.
 
     Each round runs ``setup(variant)`` (untimed) then ``timed(variant)`` for each
     variant, in an order that alternates from round to round, so that a load that
-    comes and goes on the machine hits both alike. The first ``warmup_rounds`` are
+    comes and goes on the machine hits both alike. With floors, stock opens every
+    round and the others (patched, then the floors) follow it in an order that
+    rotates from round to round: each of them comes right after stock (whose pass
+    over a large storage leaves the caches cold) in as many rounds as the others,
+    so that patched and its floors are timed alike. The first ``warmup_rounds`` are
     not counted. ``benchmark.extra_info`` gets ``variant`` ``"pair"``,
     ``stock_median_s``, ``patched_median_s`` and ``speedup`` (stock / patched);
-    pytest-benchmark's own statistics time whole rounds (both variants and the
-    setups). ``floor``, where given (what the operation cannot beat, e.g. a
-    RandomSampler sample of the same batch), takes its turn in each round after the
-    variants, so that it too runs first every other round, and its median goes in
-    ``floor_median_s``.
+    pytest-benchmark's own statistics time whole rounds (both variants, the floors
+    and the setups).
+
+    Args:
+        benchmark: the pytest-benchmark fixture.
+        timed: the operation, given the variant's name.
+        rounds: how many rounds are counted.
+        setup: what to run, untimed, before each ``timed(variant)``.
+        warmup_rounds: how many rounds run first, not counted.
+        floors: name -> what the operation cannot beat (e.g. ``"floor"``: a
+            RandomSampler sample of the same batch), a :class:`Floor` or a callable.
+            Each takes its turn in each round, after stock, in the rotation
+            described above (patched, then the floors in the order given, at
+            round 0); its median goes in ``{name}_median_s``. A floor's
+            ``setup`` runs untimed just before its turn.
 
     Returns:
-        variant (and ``"floor"``) -> median seconds.
+        variant (and floor name) -> median seconds.
+
+    Raises:
+        ValueError: when a floor is named like a variant.
     """
-    turns = VARIANTS if floor is None else (*VARIANTS, "floor")
+    floors = {
+        name: floor if isinstance(floor, Floor) else Floor(floor)
+        for name, floor in (floors or {}).items()
+    }
+    clashing = sorted(set(floors) & set(VARIANTS))
+    if clashing:
+        raise ValueError(f"floors cannot be named like a variant: {clashing}")
+    turns = (*VARIANTS, *floors)
     times: dict[str, list[float]] = {name: [] for name in turns}
     played = [0]
 
     def one_round():
-        order = turns if played[0] % 2 == 0 else turns[::-1]
+        if floors:
+            after_stock = turns[1:]
+            shift = played[0] % len(after_stock)
+            order = (turns[0], *after_stock[shift:], *after_stock[:shift])
+        else:
+            order = turns if played[0] % 2 == 0 else turns[::-1]
         counted = played[0] >= warmup_rounds
         played[0] += 1
         for name in order:
-            if name != "floor" and setup is not None:
+            floor = floors.get(name)
+            if floor is None and setup is not None:
                 setup(name)
+            elif floor is not None and floor.setup is not None:
+                floor.setup()
             start = time.perf_counter()
-            floor() if name == "floor" else timed(name)
+            timed(name) if floor is None else floor.timed()
             elapsed = time.perf_counter() - start
             if counted:
                 times[name].append(elapsed)

@@ -321,6 +321,40 @@ def test_random_interleaving_matches_stock(setup, seed, tmp_path, request):
 
 
 # ---------------------------------------------------------------------------
+# The online append: small writes past the stored rows, samples in between, until
+# the storage fills and wraps (where the trajectory table gives way to the order).
+# ---------------------------------------------------------------------------
+
+APPEND_SETUPS = [
+    SliceSetup(keys="end_key", capacity=300, batch_size=12),
+    SliceSetup(keys="end_key", capacity=300, strict_length=False, batch_size=12),
+    SliceSetup(
+        keys="auto", capacity=300, options=(("slice_len", 3),), buffer="ReplayBuffer"
+    ),
+    SliceSetup(keys="end_key", storage="memmap", capacity=300, with_is_init=False),
+]
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("setup", setup_params(APPEND_SETUPS))
+def test_online_appends_match_stock(setup, seed, tmp_path, request):
+    """Writes of 1 to 24 rows past the stored ones, each followed by a sample: identical at every step."""
+    require(setup, request)
+    rng = random.Random(seed)
+    sizes = [rng.randint(1, 24) for _ in range(30)]
+
+    def scenario():
+        run = Recording(setup, seed, tmp_path)
+        run.write(12)
+        for rows in sizes:
+            run.write(rows)
+            run.sample()
+        return run.records
+
+    assert_same_as_stock(scenario, seed)
+
+
+# ---------------------------------------------------------------------------
 # Write paths: every way data reaches the storage, then samples.
 # ---------------------------------------------------------------------------
 

@@ -272,7 +272,7 @@ def _sampler_state(sampler) -> tuple:
     cache = attributes.get("_cache") or ()
     return (
         type(sampler),
-        *[attributes.get(name) for name in _PLAN_ATTRIBUTES],
+        *map(attributes.get, _PLAN_ATTRIBUTES),
         "static-stop-and-length" in cache or "stop-and-length" in cache,
     )
 

@@ -17,6 +17,12 @@ samplers are mostly built, and the storage is on the CPU,
 and builds the index ``_get_index`` builds, in numpy on the drawn rows: TorchRL's
 general path costs a dozen tensor operations, each of which weighs more than the
 arithmetic on a few thousand rows. ``_finalize_index`` then adds the info.
+
+While a one-lane storage of end flags only grows (an online buffer until it is full),
+its trajectories are also kept in a :class:`~.trajectory_table.TrajectoryTable`
+(:class:`~.trajectory_table.GrowingStorageTable`, which appends the rows written since
+the last sample), and :func:`_sample_from_table` draws from it directly: no order,
+no chunk, a handful of operations on the drawn rows.
 """
 from __future__ import annotations
 
@@ -27,6 +33,7 @@ import torch
 
 from torchrl_fixes.slice_boundaries import _overrides, _query_index
 from torchrl_fixes.trajectory_boundaries import TrajectoryBoundaries
+from torchrl_fixes.trajectory_table import GrowingStorageTable, TrajectoryTable
 
 
 def _sample_from_index(sampler, storage, batch_size: int):
@@ -40,7 +47,8 @@ def _sample_from_index(sampler, storage, batch_size: int):
     only the drawn ones (with ``traj_idx`` numbering them), plus one of the
     shortest where some are too short, so that it takes the branch it takes on
     the whole listing. Nothing is done per trajectory: O(batch) plus a scan of
-    the order's chunk counts. Returns ``None`` where the listing must be made.
+    the order's chunk counts, or O(batch) alone where the index's table serves.
+    Returns ``None`` where the listing must be made.
     """
     if _classes_sampling_reason(type(sampler)) is not None:
         return None
@@ -76,8 +84,23 @@ def _sample_trajectories(
     with the same generator; only the drawn ranks come to the host, and only the drawn
     trajectories go back.
     """
-    order = index.trajectories(signal, **geometry)
     seq_length, num_slices = sampler._adjusted_batch_size(batch_size)
+    storage_length = geometry["length"]  # the valid rows along dim 0: storage.shape[0]
+    fixed_length = (
+        device.type == "cpu"
+        and not sampler.span[0]
+        and not sampler.span[1]
+        and _classes_index_reason(type(sampler)) is None
+    )
+    if fixed_length:
+        table = GrowingStorageTable.of(index).table(index, signal, **geometry)
+        count, ranks = (0, None) if table is None else table.drawable(seq_length)
+        # strict_length draws among those long enough; without it, all must be
+        if count and (sampler.strict_length or count == table.count):
+            return _sample_from_table(
+                sampler, table, count, ranks, seq_length, num_slices, storage
+            )
+    order = index.trajectories(signal, **geometry)
     too_short = order.shortest() < seq_length
     min_length = seq_length if too_short and sampler.strict_length else 1
     count = order.count(min_length)
@@ -86,14 +109,7 @@ def _sample_trajectories(
     traj_idx = torch.randint(
         count, (num_slices,), device=device, generator=sampler._rng
     )
-    storage_length = geometry["length"]  # the valid rows along dim 0: storage.shape[0]
-    if (
-        device.type == "cpu"
-        and (not too_short or sampler.strict_length)
-        and not sampler.span[0]
-        and not sampler.span[1]
-        and _classes_index_reason(type(sampler)) is None
-    ):
+    if fixed_length and (not too_short or sampler.strict_length):
         stops, lengths = order.select_stops(traj_idx.numpy(), min_length)
         rows, lanes = order.first_rows(stops, lengths)
         return _fixed_length_index(
@@ -130,6 +146,29 @@ def _sample_trajectories(
     )
 
 
+def _sample_from_table(
+    sampler,
+    table: TrajectoryTable,
+    count: int,
+    ranks: np.ndarray | None,
+    seq_length: int,
+    num_slices: int,
+    storage,
+):
+    """What ``_sample_slices`` returns for ``num_slices`` slices of ``seq_length`` steps drawn from ``table``'s ``count`` trajectories that long (the first ones, or those of ``ranks``: :meth:`TrajectoryTable.drawable`).
+
+    The listing's ``torch.randint`` draw over the trajectories long enough, from the
+    same generator, then :func:`_fixed_length_index` on the drawn ones: a handful of
+    operations on the drawn rows.
+    """
+    traj_idx = torch.randint(count, (num_slices,), generator=sampler._rng)
+    drawn = traj_idx.numpy()
+    starts, lengths = table.select(drawn if ranks is None else ranks[drawn])
+    return _fixed_length_index(
+        sampler, starts, None, lengths, seq_length, table.length, storage, wraps=False
+    )
+
+
 def _fixed_length_index(
     sampler,
     rows: np.ndarray,
@@ -139,13 +178,12 @@ def _fixed_length_index(
     storage_length: int,
     storage,
     *,
-    wraps: bool = True,
+    wraps: bool,
 ):
     """What ``_get_index`` returns for slices of ``seq_length`` steps inside the drawn trajectories, which start at ``rows`` (and ``lanes``, for two-dimensional storages) and hold ``lengths`` rows, all on the CPU.
 
     Where no trajectory ``wraps`` around the storage's end and float32 holds every room
     exactly, no slice does.
-
 
     The same ``torch.rand`` draw, from the same generator, places each slice in its
     trajectory, with the float32 arithmetic ``_get_index`` uses; the index is the one

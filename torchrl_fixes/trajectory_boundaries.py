@@ -97,6 +97,10 @@ class TrajectoryBoundaries:
             signal at the next query (as cheap as recording them by then).
             Defaults to 2**20.
 
+    Attributes:
+        followers (list): what else keeps a view of the signal, told of every
+            write (``mark_written(rows)``) and of every :meth:`reset`.
+
     Examples:
         >>> import torch
         >>> done = torch.zeros(10, dtype=torch.bool)
@@ -124,6 +128,7 @@ class TrajectoryBoundaries:
         self._reads_next_row = kind == "trajectory"
         self.max_pending = max_pending
         self._lock = threading.RLock()
+        self.followers: list = []
         self.reset()
 
     def reset(self) -> None:
@@ -140,6 +145,8 @@ class TrajectoryBoundaries:
             self._pending_rows = 0
             self._result = None
             self._placed = None
+            for follower in self.followers:
+                follower.reset()
 
     @property
     def built(self) -> bool:
@@ -162,12 +169,17 @@ class TrajectoryBoundaries:
         Costs O(len(rows)); nothing is read until the next :meth:`boundaries`.
         """
         with self._lock:
+            for follower in self.followers:
+                follower.mark_written(rows)
             if self._order is None:
                 return
             self._pending_rows += rows.numel()
             if self._pending_rows > self.max_pending:
-                # Recording more costs as much as the rebuild it would save.
-                self.reset()
+                # Recording more costs as much as the rebuild it would save; the
+                # followers keep their own record.
+                self._order, self._forced, self._forced_key = None, (), None
+                self._pending, self._pending_rows = [], 0
+                self._result = self._placed = None
                 return
             self._pending.append(rows.reshape(-1))
 

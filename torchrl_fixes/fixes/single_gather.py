@@ -68,14 +68,6 @@ except ImportError:
     StreamingSliceSampler = None
 
 
-def _defined_by(cls: type, name: str) -> type | None:
-    """The class of ``cls``'s MRO whose body defines ``name``."""
-    for klass in cls.__mro__:
-        if name in vars(klass):
-            return klass
-    return None
-
-
 def _reads_tensordict(storage: Storage) -> bool:
     """Whether ``storage[index]`` indexes a TensorDict the way ``TensorStorage.get`` does.
 
@@ -84,13 +76,14 @@ def _reads_tensordict(storage: Storage) -> bool:
     :class:`~torchrl.data.replay_buffers.LazyMemmapStorage` and subclasses that do
     not change how rows are read) once they hold a :class:`~tensordict.TensorDict`.
     """
+    storage_cls = type(storage)
     return (
         isinstance(storage, TensorStorage)
         and storage.initialized
         and type(storage._storage) is TensorDict
-        and _defined_by(type(storage), "get")
-        in (TensorStorage, LazyTensorStorage, LazyMemmapStorage)
-        and _defined_by(type(storage), "__getitem__") is Storage
+        and storage_cls.get
+        in (TensorStorage.get, LazyTensorStorage.get, LazyMemmapStorage.get)
+        and storage_cls.__getitem__ is Storage.__getitem__
     )
 
 
@@ -180,6 +173,15 @@ def _integer_index_batch_size(batch_size: torch.Size, index) -> torch.Size | Non
     return shape + batch_size[len(tensors) :]
 
 
+def _column(data: TensorDict, key: NestedKey) -> Any:
+    """``data.get(key, None)``, through the lookups it dispatches to (a sample reads a few keys)."""
+    if type(key) is not str:
+        key = unravel_key(key)
+        if type(key) is not str:
+            return data._get_tuple(key, None)
+    return data._get_str(key, None)
+
+
 def _fixed_length_info(
     sampler, index: torch.Tensor, num_slices: int, seq_length: int, storage: Storage
 ) -> tuple[tuple[torch.Tensor, ...], dict[str, Any]] | None:
@@ -197,33 +199,34 @@ def _fixed_length_info(
     """
     count = index.shape[0]
     if (
-        index.device.type != "cpu"
+        not index.is_cpu
         or count != num_slices * seq_length
         or not _reads_tensordict(storage)
     ):
         return None
-    truncated_key = sampler.truncated_key
-    done_key = terminated_key = None
+    data = storage._storage
+    truncated_key, init_key = sampler.truncated_key, sampler.init_key
+    done = terminated = is_init = None
     if truncated_key is not None:
         done_key = _replace_last(truncated_key, "done")
         terminated_key = _replace_last(truncated_key, "terminated")
-    data = storage._storage
-    columns = [
-        None if key is None else data.get(key, None)
-        for key in (done_key, terminated_key, sampler.init_key)
-    ]
-    if not all(
-        column is None or isinstance(column, torch.Tensor) for column in columns
-    ):
-        return None
+        done, terminated = _column(data, done_key), _column(data, terminated_key)
+    if init_key is not None:
+        is_init = _column(data, init_key)
+    for column in (done, terminated, is_init):
+        if column is not None and not isinstance(column, torch.Tensor):
+            return None
     if index.dtype is not torch.long:
         index = index.to(torch.long)
     index = index.unbind(-1)
     # The rows are valid ones (the slices are taken modulo the storage's length):
     # the columns are indexed whole, without the view of the valid rows.
-    done, terminated, is_init = (
-        None if column is None else column[index] for column in columns
-    )
+    if done is not None:
+        done = done[index]
+    if terminated is not None:
+        terminated = terminated[index]
+    if is_init is not None:
+        is_init = is_init[index]
     info = {}
     if truncated_key is not None:
         truncated = torch.zeros((count, 1), dtype=torch.bool)

@@ -15,7 +15,10 @@ advances it instead of emptying it: ``TensorStorage.set`` records the rows it
 touches, O(k); the next sample reads the signal of those rows only and splices the
 result into the index, and draws its trajectories by rank from it
 (:mod:`torchrl_fixes.slice_sampling`): a sample costs O(batch) plus one count per
-chunk of 1,024 trajectories. The boundaries are exactly those the stock code recovers, so the
+chunk of 1,024 trajectories. While a storage only grows and done flags end its
+trajectories, the index also keeps them in a flat table
+(:mod:`torchrl_fixes.trajectory_table`) that the next sample appends the written rows
+to and draws from directly. The boundaries are exactly those the stock code recovers, so the
 samples are the same, and they are used whatever ``cache_values`` says: the flag
 keeps its meaning (what is returned is never stale) and costs nothing.
 

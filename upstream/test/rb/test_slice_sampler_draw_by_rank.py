@@ -8,6 +8,7 @@ from tensordict import TensorDict
 
 from torchrl.data import LazyTensorStorage
 from torchrl.data.replay_buffers import SliceSampler
+from torchrl_fixes.trajectory_boundaries import TrajectoryBoundaries
 
 
 class ListingSliceSampler(SliceSampler):
@@ -103,3 +104,44 @@ class TestSliceSamplerDrawByRank:
                 torch.manual_seed(step)
                 samples.append(sampler.sample(storage, 16))
             _assert_same_sample(*samples)
+
+    def test_appends_are_sampled_from_the_table(self, monkeypatch):
+        """An online buffer's writes, past its stored rows: the samples are the
+        listing's, and the trajectory order is never asked for them."""
+        storage = LazyTensorStorage(400)
+        samplers = [
+            cls(num_slices=4, end_key=("next", "done"), truncated_key=None)
+            for cls in (SliceSampler, ListingSliceSampler)
+        ]
+        lengths = torch.tensor([9, 4, 12, 6, 3, 15, 5])
+        # episodes of 2 to 7 steps, none shorter than a slice
+        ends = torch.zeros(2000, dtype=torch.bool)
+        ends[(torch.arange(250) % 6 + 2).cumsum(0) - 1] = True
+
+        def rows(start, n):
+            step = torch.arange(start, start + n)
+            return TensorDict({"obs": step, ("next", "done"): ends[step, None]}, [n])
+
+        storage.set(torch.arange(20), rows(0, 20))
+        samplers[0].sample(storage, 8)
+        order_queries = []
+        trajectories = TrajectoryBoundaries.trajectories
+
+        def counted(self, *args, **kwargs):
+            order_queries.append(1)
+            return trajectories(self, *args, **kwargs)
+
+        written = 20
+        for step in range(30):
+            n = int(lengths[step % lengths.numel()])
+            storage.set(torch.arange(written, written + n), rows(written, n))
+            written += n
+            samples = []
+            for sampler in samplers:
+                torch.manual_seed(step)
+                with monkeypatch.context() as patch:
+                    if sampler is samplers[0]:
+                        patch.setattr(TrajectoryBoundaries, "trajectories", counted)
+                    samples.append(sampler.sample(storage, 8))
+            _assert_same_sample(*samples)
+        assert not order_queries

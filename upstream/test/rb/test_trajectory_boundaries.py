@@ -306,6 +306,31 @@ class TestTrajectoryBoundaries:
         assert not index.built
         assert index.num_ends() == 0
 
+    def test_followers_are_told_of_writes_and_resets(self):
+        """A follower sees every write and reset; a rebuild for too many pending rows
+        keeps what it holds."""
+
+        class Follower:
+            def __init__(self):
+                self.events = []
+
+            def mark_written(self, rows):
+                self.events.append(rows.tolist())
+
+            def reset(self):
+                self.events.append("reset")
+
+        signal = torch.zeros(64, dtype=torch.bool)
+        index = TrajectoryBoundaries("end", max_pending=8)
+        follower = Follower()
+        index.followers.append(follower)
+        _query(index, signal, 64, True, 0)
+        index.mark_written(torch.tensor([3, 4]))
+        index.mark_written(torch.arange(10))
+        assert not index.built
+        index.reset()
+        assert follower.events == [[3, 4], list(range(10)), "reset"]
+
 
 @pytest.mark.usefixtures("chunk_load", "signal_path")
 class TestEndFlagDisagreements:

@@ -93,7 +93,8 @@ def _sample_trajectories(
         and _classes_index_reason(type(sampler)) is None
     )
     if fixed_length:
-        table = GrowingStorageTable.of(index).table(index, signal, **geometry)
+        growing = GrowingStorageTable.of(index)
+        table = None if growing is None else growing.table(index, signal, **geometry)
         count, ranks = (0, None) if table is None else table.drawable(seq_length)
         # strict_length draws among those long enough; without it, all must be
         if count and (sampler.strict_length or count == table.count):

@@ -191,8 +191,14 @@ class GrowingStorageTable:
         self.reset()
 
     @classmethod
-    def of(cls, index: TrajectoryBoundaries) -> GrowingStorageTable:
-        """The one that follows ``index``, made (and added to its followers) on first use."""
+    def of(cls, index: TrajectoryBoundaries) -> GrowingStorageTable | None:
+        """The one that follows ``index``, made (and added to its followers) on first use.
+
+        ``None`` for an index of trajectory ids, which no table serves: its writes
+        are not followed.
+        """
+        if index.kind != "end":
+            return None
         for follower in index.followers:
             if type(follower) is cls:
                 return follower
@@ -236,7 +242,7 @@ class GrowingStorageTable:
                 self._append_written(signal, length, at_capacity)
                 if self._table is not None:
                     return self._table
-            if at_capacity or geometry["lanes"] != 1 or index.kind != "end":
+            if at_capacity or geometry["lanes"] != 1:
                 return None
             if self._written_since_drop < self._remake_after:
                 return None

@@ -151,7 +151,8 @@ class TestGrowingStorageTable:
         index.mark_written(torch.arange(40, 50))
         assert _table(index, done, 50, at_capacity=True) is None
         ids = TrajectoryBoundaries("trajectory")
-        assert _table(ids, torch.zeros(50, dtype=torch.long), 40) is None
+        assert GrowingStorageTable.of(ids) is None
+        assert ids.followers == []
         lanes = TrajectoryBoundaries("end")
         flags = torch.zeros(50, 2, dtype=torch.bool)
         table = GrowingStorageTable.of(lanes).table(

@@ -20,6 +20,7 @@ any requirement pip takes, for example a wheel file or ``torch==2.13.0+cpu``:
     nox -s benchmark                 # the main job: stock vs patched timings, table and plot
     nox -s benchmark -- --full       # adds the 346M-transition rows (memory: python -m devtools bench --help)
     nox -s benchmark -- --compare BASELINE.json
+    nox -s benchmark_tdmpc2          # TD-MPC2's buffer on the TorchRL it pins (0.8.1), stock vs patched
     nox -s compare                   # stock vs patched outputs (pinning), side by side
     nox -s upstream                  # patches/main/ applied to TorchRL main's source, no runtime patching
     nox -s upstream_review           # patches/main/ reviewed PR by PR as TorchRL's CI would (pinned hooks, tests)
@@ -41,7 +42,7 @@ from devtools.review_hooks import (  # noqa: E402
     HOOK_REQUIREMENTS,
     VERMIN_REQUIREMENT,
 )
-from devtools.torchrl_matrix import MATRIX, NEWEST, torchrl_requirements  # noqa: E402
+from devtools.torchrl_matrix import MATRIX, NEWEST, TDMPC2, torchrl_requirements  # noqa: E402
 
 nox.options.reuse_existing_virtualenvs = True
 nox.options.sessions = ["lint", "tests", "conformance", "conformance_extension"]
@@ -164,6 +165,19 @@ def benchmark(session: nox.Session) -> None:
     session.install(TORCH)
     session.install("-e", ".[bench]", *torchrl_requirements(NEWEST))
     session.run("python", "-m", "devtools", "bench", *session.posargs)
+
+
+@nox.session
+def benchmark_tdmpc2(session: nox.Session) -> None:
+    """TD-MPC2's replay buffer on the TorchRL release TD-MPC2 pins, stock against patched.
+
+    ``python -m devtools tdmpc2`` under torchrl 0.8.1: 10M stored transitions, 50
+    samples per episode written, every slice checked; writes ``results/tdmpc2.md``.
+    Arguments after ``--`` replace ``--out results`` (``python -m devtools tdmpc2 --help``).
+    """
+    session.install(TORCH)
+    session.install("-e", ".[bench]", *torchrl_requirements(TDMPC2))
+    session.run("python", "-m", "devtools", "tdmpc2", *(session.posargs or ["--out", "results"]))
 
 
 @nox.session

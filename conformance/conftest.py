@@ -74,7 +74,8 @@ def torchrl_extension():
     with reference.stock():
         try:
             PrioritizedSampler(8, alpha=0.7, beta=0.5)
-        except (RuntimeError, ImportError) as err:
+        # 0.8 and 0.9 raise NameError: the segment tree class was never imported
+        except (RuntimeError, ImportError, NameError) as err:
             message = (
                 f"TorchRL's C++ extension does not load beside torch {torch.__version__}, so "
                 f"a stock PrioritizedSampler fails too: {_extension_import_error(err)}"

@@ -7,6 +7,9 @@ repository, beside the conformance suite (``conformance/``) and the upstream dif
 - ``bench`` (:mod:`devtools.speed_comparison`): stock against patched TorchRL timed
   on this machine, with the suite's speed benchmarks; a table, a plot and the raw
   ``bench.json``;
+- ``tdmpc2`` (:mod:`devtools.tdmpc2_loop`): TD-MPC2's replay buffer, stock against
+  patched, on the installed TorchRL (``nox -s benchmark_tdmpc2`` runs it on the
+  release TD-MPC2 pins);
 - ``compare`` (:mod:`devtools.pinned_sample_report`): what stock and patched
   ``pin_memory=True`` buffers return, side by side;
 - ``export-patches`` and ``patched-copy`` (:mod:`devtools.upstream_patches`): the

@@ -1,4 +1,4 @@
-"""``python -m devtools {bench,compare,export-patches,patched-copy,upstream-review}``, from the repository root.
+"""``python -m devtools {bench,tdmpc2,compare,export-patches,patched-copy,upstream-review}``, from the repository root.
 
 Each command has its own options (``python -m devtools bench --help``); see
 :mod:`devtools` for what each does.
@@ -73,6 +73,27 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--json", action="store_true", help="print the rows as JSON instead of the table"
     )
+
+    tdmpc2 = commands.add_parser(
+        "tdmpc2",
+        help="TD-MPC2's replay buffer, stock against patched, on the installed TorchRL",
+        description="Builds TD-MPC2's buffer (256 slices of 4 by episode id, strict length, "
+        "no value cache, CPU storage) stock and patched, fills both with --stored rows in "
+        "500-step episodes, then times its loop in turn: --samples samples, one episode "
+        "written. Checks that every sampled slice is one episode at consecutive steps. "
+        "Prints a table; writes it to OUT/tdmpc2.md with --out.",
+    )
+    tdmpc2.add_argument(
+        "--stored", type=_positive_int, default=10_000_000, help="rows stored before timing (default: %(default)s)"
+    )
+    tdmpc2.add_argument(
+        "--capacity", type=_positive_int, default=12_000_000, help="the storage's capacity (default: %(default)s)"
+    )
+    tdmpc2.add_argument("--rounds", type=_positive_int, default=6, help="timed rounds (default: %(default)s)")
+    tdmpc2.add_argument(
+        "--samples", type=_positive_int, default=50, help="samples per episode written (default: %(default)s)"
+    )
+    tdmpc2.add_argument("--out", type=Path, default=None, help="write OUT/tdmpc2.md")
 
     commands.add_parser(
         "compare",
@@ -190,6 +211,15 @@ def main(argv: list[str] | None = None) -> int:
         except speed_comparison.SpeedComparisonError as err:
             print(f"{command}: {err}", file=sys.stderr)
             return 2
+
+    if args.command == "tdmpc2":
+        from devtools import tdmpc2_loop
+
+        try:
+            return tdmpc2_loop.main(args.stored, args.capacity, args.rounds, args.samples, args.out)
+        except tdmpc2_loop.TDMPC2LoopError as err:
+            print(f"{command}: {err}", file=sys.stderr)
+            return 1
 
     from devtools.pinned_sample_report import compare_pinned_samples
 

@@ -522,10 +522,11 @@ def patches() -> list[UpstreamPatch]:
 
     with torchrl_fixes.disabled():  # the fixes are planned against stock code
         hooks = dict(INLINE_HOOKS)
-        # what the runtime fix puts in place of the method that builds the slice info
-        finalize_index = {
+        # what the runtime fix puts in place of the methods that read the sampled rows
+        derived = {
             rep.name: rep.new for rep in single_gather.SingleGather().plan()
-        }["_finalize_index"]
+        }
+    finalize_index, prioritized_sample = derived["_finalize_index"], derived["sample"]
 
     # The hooks by the pull request that writes them: the storage's side records its
     # writes (0005), the sampler's side reads the index (0006).
@@ -558,7 +559,7 @@ def patches() -> list[UpstreamPatch]:
         ReplaceFunction(
             f"{RB}/samplers/prioritized_slice.py",
             "PrioritizedSliceSampler.sample",
-            single_gather._prioritized_slice_sample,
+            prioritized_sample,
         ),
         AddImport(f"{RB}/samplers/prioritized_slice.py", ".slice", ("_read_entries",)),
         AddFunctions(

@@ -1,6 +1,7 @@
 """Fixes for TorchRL's replay buffers, applied on import.
 
-``import torchrl_fixes`` applies every fix that supports the installed TorchRL.
+``import torchrl_fixes`` applies every fix whose targets in the installed TorchRL are
+code it knows (by fingerprint, whatever the version).
 The environment variable ``TORCHRL_FIXES`` changes that: ``0`` or ``off`` imports
 without applying anything, ``name,name`` applies only the fixes named.
 
@@ -8,8 +9,8 @@ Examples:
     >>> import torchrl_fixes
     >>> print(torchrl_fixes.status())  # doctest: +SKIP
     torchrl 0.14.1, tensordict 0.14.3
-    fix                   state    torchrl       why
-    pinned_sample_output  applied  >=0.11,<0.15  -
+    fix                   state    torchrl  why
+    pinned_sample_output  applied  >=0.8    -
     >>> with torchrl_fixes.disabled():
     ...     pass  # stock TorchRL here
 """

@@ -4,7 +4,7 @@ From TorchRL 0.14 on, a storage counts its mutations (``Storage._mutation_revisi
 moved by ``_bump_mutation_revision()`` in every write path and shared with spawned
 processes) and keeps recovered trajectory boundaries in
 ``torchrl.data.replay_buffers.utils._REPLAY_BOUNDARY_CACHE``. The slice boundary
-index is built on both (:mod:`torchrl_fixes.storage_boundaries`). On 0.11 to 0.13
+index is built on both (:mod:`torchrl_fixes.storage_boundaries`). On 0.8 to 0.13
 the fix installs this module's equivalents, so that the index is the same code on
 every release:
 

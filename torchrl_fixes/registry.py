@@ -86,7 +86,11 @@ class Fix:
         name (str): the identifier used by :func:`activate` and ``TORCHRL_FIXES``.
         summary (str): one line on what the fix changes.
         upstream_issue (str): the URL of the TorchRL issue the fix answers.
-        torchrl_versions (SpecifierSet): the TorchRL releases the fix was checked on.
+        torchrl_versions (SpecifierSet): the TorchRL releases the fix was checked on
+            (shown by ``status()``). It does not gate the fix: :meth:`plan` does, by
+            the fingerprints of the stock code it finds (:func:`stock_function`), so
+            a release of unknown version or outside the range gets what its code
+            allows.
         targets (tuple of str): dotted paths of what the fix replaces, for status and docs.
         stock_classes (tuple of str): dotted paths of the classes whose instances,
             when built inside :func:`disabled`, keep running stock code afterwards.
@@ -126,7 +130,7 @@ class FixStatus:
         name (str): the fix.
         summary (str): what it changes.
         upstream_issue (str): the TorchRL issue it answers.
-        torchrl_versions (str): the supported releases, as a specifier.
+        torchrl_versions (str): the releases the fix was checked on, as a specifier.
         state (str): ``"applied"``, ``"skipped"`` (it was asked for and could not
             apply) or ``"inactive"`` (not asked for, or deactivated).
         reason (str): why it is not applied; empty when it is.
@@ -205,7 +209,7 @@ def _marking_init(original_init: Callable) -> Callable:
 
 
 def format_range(versions: SpecifierSet) -> str:
-    """A version range written low to high (``>=0.11,<0.15``), not in SpecifierSet's text order."""
+    """A version range written low to high (``>=0.8,<0.15``), not in SpecifierSet's text order."""
 
     def key(spec):
         # "0.13.*" (with == or !=) sorts as 0.13
@@ -246,14 +250,6 @@ class Registry:
             )
         return [self._fixes[n] for n in (names or self._fixes)]
 
-    def _skip_reason(self, fix: Fix) -> str | None:
-        version = installed_version("torchrl")
-        if version is None:
-            return "cannot tell which TorchRL release is installed"
-        if not fix.torchrl_versions.contains(version, prereleases=True):
-            return f"TorchRL {version} is outside the supported range {format_range(fix.torchrl_versions)}"
-        return None
-
     def _wrap_methods(self, replacements: list[Replacement]) -> list[Replacement]:
         wrapped = []
         for rep in replacements:
@@ -272,24 +268,23 @@ class Registry:
     def activate(self, *names: str) -> list[str]:
         """Applies the named fixes (all if none is named); returns those now applied.
 
-        Applying an applied fix does nothing. A fix that does not support the
-        installed TorchRL, or whose targets changed, is skipped with a
+        Applying an applied fix does nothing. A fix whose targets are not code it
+        knows (whatever the installed TorchRL's version) is skipped with a
         :class:`~torchrl_fixes.FixSkippedWarning` saying why.
         """
         with self._lock:
             for fix in self._select(names):
                 if fix.name in self._installed:
                     continue
-                reason = self._skip_reason(fix)
-                if reason is None:
-                    try:
-                        replacements = self._wrap_methods(fix.plan())
-                    except TargetChanged as err:
-                        reason = f"target changed: {err}"
-                    except ImportError as err:
-                        reason = f"target missing: {err}"
-                    except Exception as err:  # a fix must never fail the import
-                        reason = f"could not be planned: {type(err).__name__}: {err}"
+                reason = None
+                try:
+                    replacements = self._wrap_methods(fix.plan())
+                except TargetChanged as err:
+                    reason = f"target changed: {err}"
+                except ImportError as err:
+                    reason = f"target missing: {err}"
+                except Exception as err:  # a fix must never fail the import
+                    reason = f"could not be planned: {type(err).__name__}: {err}"
                 if reason is None:
                     try:
                         self._installed[fix.name] = patching.install(replacements)

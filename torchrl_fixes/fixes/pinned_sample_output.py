@@ -212,7 +212,7 @@ class PinnedSampleOutput(Fix):
         "device=None, info entries); warns instead of raising with no accelerator"
     )
     upstream_issue = "https://github.com/pytorch/rl/issues/2404"
-    torchrl_versions = SpecifierSet(">=0.11")
+    torchrl_versions = SpecifierSet(">=0.8")
     targets = (
         "torchrl.data.replay_buffers.utils.pin_memory_output",
         "torchrl.data.replay_buffers.TensorDictReplayBuffer.sample",
@@ -221,14 +221,15 @@ class PinnedSampleOutput(Fix):
     )
     stock_classes = ("torchrl.data.replay_buffers.ReplayBuffer",)
 
-    # Fingerprints of the stock code this fix was written against: 0.11.1 to 0.14.1,
+    # Fingerprints of the stock code this fix was written against: 0.8.1 to 0.14.1,
     # and torchrl-nightly 2026.10.27 (TorchRL main), where only
     # TensorDictReplayBuffer.sample differs.
     stock_fingerprints = {
-        "pin_memory_output": {"00f217e53bcd60d6"},  # 0.11.1 to 0.14.1, nightly 2026.10.27
-        "_pin_memory": {"fe2edbb01bceb61d"},  # 0.11.1 to 0.14.1, nightly 2026.10.27
+        "pin_memory_output": {"00f217e53bcd60d6"},  # 0.8.1 to 0.14.1, nightly 2026.10.27
+        "_pin_memory": {"fe2edbb01bceb61d"},  # 0.8.1 to 0.14.1, nightly 2026.10.27
         "TensorDictReplayBuffer.sample": {
-            "1586db08ca9d097b",  # 0.11.1 to 0.14.1
+            "9a37d14fcca085fb",  # 0.8.1: include_info's annotation
+            "1586db08ca9d097b",  # 0.9.2 to 0.14.1
             "4a887fcaecbdef89",  # nightly 2026.10.27: wait, timeout, cancel_event
         },
     }

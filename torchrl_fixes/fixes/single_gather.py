@@ -21,7 +21,7 @@ info is exactly what stock builds. The storages that keep the stock
 prints the list).
 
 TorchRL 0.14 and main build the info in ``SliceSampler._finalize_index`` (main's
-adds the batch_time layout in front of 0.14's code), 0.11 to 0.13 in
+adds the batch_time layout in front of 0.14's code), 0.8 to 0.13 in
 ``SliceSampler._get_index``: the fix is the installed method's own source with its
 reads of full rows edited (:func:`~torchrl_fixes.patching.derive_from_source`; the
 edits of each release are chosen by the fingerprint of the installed code), as is
@@ -34,7 +34,6 @@ import types
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import torch
 from packaging.specifiers import SpecifierSet
 from tensordict import TensorDict, unravel_key
@@ -47,7 +46,6 @@ from torchrl_fixes.source_fingerprint import source_fingerprint
 try:
     from torchrl._utils import _replace_last
     from torchrl.data.replay_buffers.samplers import (
-        PrioritizedSampler,
         PrioritizedSliceSampler,
         SliceSampler,
     )
@@ -57,7 +55,6 @@ try:
         Storage,
         TensorStorage,
     )
-    from torchrl.data.replay_buffers.utils import unravel_index
 except ImportError as err:  # a TorchRL whose layout this fix does not know
     _IMPORT_ERROR = err
 else:
@@ -326,131 +323,15 @@ GET_INDEX_EDITS_0_13 = tuple(
     (old, new.replace("self.init_key", '"is_init"'))
     for old, new in (_INFO_READ, _INIT_READ)
 )
-# 0.11 and 0.12 emit no init marker.
+# 0.8 to 0.12 emit no init marker.
 GET_INDEX_EDITS_0_11 = (
     (
         "st_index = storage[index]\n",
         "st_index = _read_entries(storage, index, (done_key, terminated_key))\n",
     ),
 )
-
-
-def _prioritized_slice_sample(
-    self, storage: Storage, batch_size: int
-) -> tuple[torch.Tensor, dict]:
-    """``PrioritizedSliceSampler.sample`` of TorchRL 0.11 to 0.14, reading only the entries the info needs."""
-    # Sample `batch_size` indices representing the start of a slice.
-    # The sampling is based on a weight vector.
-    start_idx, stop_idx, lengths = self._get_stop_and_length(storage)
-    seq_length, num_slices = self._adjusted_batch_size(batch_size)
-
-    preceding_stop_idx = self._preceding_stop_idx(
-        storage, lengths, seq_length, start_idx
-    )
-    if storage.ndim > 1:
-        # we need to convert indices of the permuted, flatten storage to indices in a flatten storage (not permuted)
-        # This is because the lengths come as they would for a permuted storage
-        preceding_stop_idx = unravel_index(
-            preceding_stop_idx, (storage.shape[-1], *storage.shape[:-1])
-        )
-        preceding_stop_idx = (preceding_stop_idx[-1], *preceding_stop_idx[:-1])
-        preceding_stop_idx = torch.as_tensor(
-            np.ravel_multi_index(preceding_stop_idx, storage.shape)
-        )
-
-    # force to not sample index at the end of a trajectory
-    vals = torch.tensor(self._sum_tree[preceding_stop_idx.cpu().numpy()])
-    self._sum_tree[preceding_stop_idx.cpu().numpy()] = 0.0
-    # and no need to update self._min_tree
-
-    starts, info = PrioritizedSampler.sample(
-        self, storage=storage, batch_size=batch_size // seq_length
-    )
-    self._sum_tree[preceding_stop_idx.cpu().numpy()] = vals
-    # We must truncate the seq_length if (1) not strict length or (2) span[1]
-    if self.span[1] or not self.strict_length:
-        if not isinstance(starts, torch.Tensor):
-            starts_tensor = torch.stack(list(starts), dim=-1).to(stop_idx.device)
-        else:
-            starts_tensor = starts.unsqueeze(1).to(stop_idx.device)
-        # Find the stop that comes after the start index
-        # say start_tensor has shape [N, X] and stop_idx has shape [M, X]
-        # diff will have shape [M, N, X]
-        stop_idx_corr = stop_idx.clone()
-        stop_idx_corr[:, 0] = torch.where(
-            stop_idx[:, 0] < start_idx[:, 0],
-            stop_idx[:, 0] + storage._len_along_dim0,
-            stop_idx[:, 0],
-        )
-        diff = stop_idx_corr.unsqueeze(1) - starts_tensor.unsqueeze(0)
-        # filter out all items that don't belong to the same dim in the storage
-        mask = (diff[:, :, 1:] != 0).any(-1)
-        diff = diff[:, :, 0]
-        diff[mask] = diff.max() + 1
-        diff = diff.reshape(-1, starts_tensor.shape[0])
-        # We remove all neg values from consideration
-        diff[diff < 0] = diff.max() + 1
-        # Take the arg min along dim 0 (thereby reducing dim M)
-        idx = diff.argmin(dim=0)
-        stops = stop_idx_corr[idx, 0]
-        # TODO: here things may not work bc we could have spanning trajs,
-        #  though I cannot show that it breaks in the tests
-        if starts_tensor.ndim > 1:
-            starts_tensor = starts_tensor[:, 0]
-        seq_length = (stops - starts_tensor + 1).clamp_max(seq_length)
-        if (seq_length <= 0).any():
-            raise RuntimeError("failed to compute seq_length, please report this bug")
-
-    if isinstance(starts, tuple):
-        starts = torch.stack(starts, -1)
-    # starts = torch.as_tensor(starts, device=lengths.device)
-    info["priority_weight"] = torch.as_tensor(
-        info["priority_weight"], device=lengths.device
-    )
-
-    # extends starting indices of each slice with sequence_length to get indices of all steps
-    index = self._tensor_slices_from_startend(
-        seq_length, starts, storage_length=storage.shape[0]
-    )
-
-    # repeat the weight of each slice to match the number of steps
-    info["priority_weight"] = torch.repeat_interleave(
-        info["priority_weight"], seq_length
-    )
-
-    if self.truncated_key is not None:
-        # following logics borrowed from SliceSampler
-        truncated_key = self.truncated_key
-
-        done_key = _replace_last(truncated_key, "done")
-        terminated_key = _replace_last(truncated_key, "terminated")
-
-        truncated = torch.zeros(
-            (index.shape[0], 1), dtype=torch.bool, device=index.device
-        )
-        if isinstance(seq_length, int):
-            truncated.view(num_slices, -1)[:, -1] = 1
-        else:
-            truncated[seq_length.cumsum(0) - 1] = 1
-        index = index.to(torch.long).unbind(-1)
-        st_index = _read_entries(storage, index, (done_key, terminated_key))
-        try:
-            done = st_index[done_key] | truncated
-        except KeyError:
-            done = truncated.clone()
-        try:
-            terminated = st_index[terminated_key]
-        except KeyError:
-            terminated = torch.zeros_like(truncated)
-        info.update(
-            {
-                truncated_key: truncated,
-                done_key: done,
-                terminated_key: terminated,
-            }
-        )
-        return index, info
-    return index.to(torch.long).unbind(-1), info
+# PrioritizedSliceSampler.sample reads the truncation info as 0.8-0.12's _get_index does.
+PRIORITIZED_SAMPLE_EDITS = GET_INDEX_EDITS_0_11
 
 
 class SingleGather(Fix):
@@ -462,10 +343,10 @@ class SingleGather(Fix):
         "the buffer's gather is the only full read"
     )
     upstream_issue = "https://github.com/pytorch/rl/issues/2422"
-    torchrl_versions = SpecifierSet(">=0.11")
+    torchrl_versions = SpecifierSet(">=0.8")
     targets = (
         "torchrl.data.replay_buffers.samplers.SliceSampler._finalize_index (TorchRL 0.14, main)",
-        "torchrl.data.replay_buffers.samplers.SliceSampler._get_index (TorchRL 0.11 to 0.13)",
+        "torchrl.data.replay_buffers.samplers.SliceSampler._get_index (TorchRL 0.8 to 0.13)",
         "torchrl.data.replay_buffers.samplers.PrioritizedSliceSampler.sample",
         "torchrl.data.replay_buffers.samplers.StreamingSliceSampler.mark_update (TorchRL 0.14, main)",
     )
@@ -505,17 +386,28 @@ class SingleGather(Fix):
             "39dfa19478982190",
             None,
             GET_INDEX_EDITS_0_11,
-        ),  # 0.11.1, 0.12.0
+        ),  # 0.8.1 to 0.12.0
     )
     # Stock code the replacements rely on without replacing it: how a tensor
-    # storage reads rows (0.11.1 to 0.14.1, torchrl-nightly 2026.10.27).
+    # storage reads rows. 0.11 on wait for a shared storage's initialization
+    # first; before 0.11 LazyTensorStorage inherits TensorStorage.get.
     read_fingerprints = {
-        "TensorStorage.get": {"2861b0fdf9cf5c02"},
-        "LazyTensorStorage.get": {"a28643a6eb0a3753"},
-        "LazyMemmapStorage.get": {"27722ae56ca23976"},
+        "TensorStorage.get": {
+            "a50cd0cd6cd897ab",  # 0.8.1 to 0.10.1
+            "2861b0fdf9cf5c02",  # 0.11.1 to 0.14.1, torchrl-nightly 2026.10.27
+        },
+        "LazyTensorStorage.get": {"a28643a6eb0a3753"},  # 0.11.1 on
+        "LazyMemmapStorage.get": {
+            "3856e6653d2573b2",  # 0.8.1 to 0.10.1
+            "27722ae56ca23976",  # 0.11.1 to 0.14.1, torchrl-nightly 2026.10.27
+        },
     }
-    # PrioritizedSliceSampler.sample: 0.11.1 to 0.14.1, torchrl-nightly 2026.10.27.
-    prioritized_fingerprints = {"3575e5dafe82cf9b"}
+    # PrioritizedSliceSampler.sample, whose info weight key is "_weight" before 0.11
+    # and "priority_weight" from 0.11 on.
+    prioritized_fingerprints = {
+        "e00622f608a4f293",  # 0.8.1 to 0.10.1
+        "3575e5dafe82cf9b",  # 0.11.1 to 0.14.1, torchrl-nightly 2026.10.27
+    }
     # StreamingSliceSampler.mark_update: 0.14.1, torchrl-nightly 2026.10.27 (the
     # class is new in 0.14).
     streaming_fingerprints = {"fabeecdca4cce902"}
@@ -538,7 +430,7 @@ class SingleGather(Fix):
 
     @staticmethod
     def _info_builder() -> str:
-        # TorchRL 0.14 and main build the info in _finalize_index, 0.11 to 0.13 in _get_index.
+        # TorchRL 0.14 and main build the info in _finalize_index, 0.8 to 0.13 in _get_index.
         return (
             "_finalize_index"
             if "_finalize_index" in vars(SliceSampler)
@@ -576,6 +468,8 @@ class SingleGather(Fix):
                 f"cannot import TorchRL's slice samplers ({_IMPORT_ERROR})"
             )
         for cls in (TensorStorage, LazyTensorStorage, LazyMemmapStorage):
+            if cls is LazyTensorStorage and "get" not in vars(cls):
+                continue  # before 0.11: TensorStorage.get, checked above
             stock_function(cls, "get", self.read_fingerprints[f"{cls.__name__}.get"])
         builder = self._info_builder()
         stock = stock_function(
@@ -594,10 +488,18 @@ class SingleGather(Fix):
         )
         if marker is not None:
             stock_function(SliceSampler, "_maybe_emit_init_marker", {marker})
-        stock_function(PrioritizedSliceSampler, "sample", self.prioritized_fingerprints)
+        prioritized = stock_function(
+            PrioritizedSliceSampler, "sample", self.prioritized_fingerprints
+        )
         replacements = [
             Replacement(SliceSampler, builder, new),
-            Replacement(PrioritizedSliceSampler, "sample", _prioritized_slice_sample),
+            Replacement(
+                PrioritizedSliceSampler,
+                "sample",
+                derive_from_source(
+                    prioritized, PRIORITIZED_SAMPLE_EDITS, _read_entries=_read_entries
+                ),
+            ),
         ]
         if StreamingSliceSampler is not None:
             # It reads the rows of every write to queue its windows.

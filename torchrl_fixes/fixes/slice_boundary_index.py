@@ -171,13 +171,13 @@ BOUNDARY_INDEX_EDITS = {
 _KNOWN_BOUNDARY_INDEX_INIT = {"b68b83d4c69b22a8"}
 
 # Fingerprints of the stock SliceSampler.sample and _sample_slices whose draw
-# slice_sampling reproduces: 0.11.1, 0.12.0 and 0.13.3, 0.14.1, torchrl-nightly
-# 2026.10.27 (_sample_slices: 0.11.1 and 0.12.0, 0.13.3 and 0.14.1, nightly).
+# slice_sampling reproduces: 0.8.1 to 0.12.0, 0.13.3, 0.14.1, torchrl-nightly
+# 2026.10.27 (_sample_slices: 0.8.1 to 0.12.0, 0.13.3 and 0.14.1, nightly).
 _KNOWN_SAMPLE = {"2a9b7ed4cbb7f5a6", "7ec63e42812c4eef", "4f5c124e99037786"}
 _KNOWN_SAMPLE_SLICES = {"59d22b6902c449ff", "d2fa288a4a89b17c", "663b6d9541cba49e"}
 
 # Fingerprints of the stock SliceSampler._get_stop_and_length whose boundary
-# recovery this fix reproduces: 0.11.1, 0.12.0, 0.13.3, 0.14.1.
+# recovery this fix reproduces: 0.8.1 to 0.11.1, 0.12.0, 0.13.3, 0.14.1.
 _KNOWN_GET_STOP_AND_LENGTH = {
     "014781a9a9f0841f",
     "946f619295c7bae7",
@@ -195,7 +195,7 @@ class SliceBoundaryIndex(Fix):
         "cached by default, never stale, O(k) writes and O(batch) samples"
     )
     upstream_issue = "https://github.com/pytorch/rl/issues/2669"
-    torchrl_versions = SpecifierSet(">=0.11")
+    torchrl_versions = SpecifierSet(">=0.8")
     targets = (
         "torchrl.data.replay_buffers.samplers.SliceSampler._get_stop_and_length / __init__ / sample",
         "from TorchRL 0.14 on, torchrl.data.replay_buffers.utils._ReplayBoundaryIndex.__init__",

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 import torchrl_fixes
-from torchrl_fixes import patching
+from torchrl_fixes._core import patching
 
 STOCK_SOURCE_ENV = "TORCHRL_FIXES_STOCK_SOURCE"
 UPSTREAM = bool(os.environ.get(STOCK_SOURCE_ENV))
@@ -149,7 +149,7 @@ def pin_memory_warning() -> type[Warning]:
     """The category of the warning given when no accelerator can pin memory."""
     if UPSTREAM:
         return UserWarning
-    from torchrl_fixes.warning_categories import PinMemoryUnavailableWarning
+    from torchrl_fixes._core.warning_categories import PinMemoryUnavailableWarning
 
     return PinMemoryUnavailableWarning
 

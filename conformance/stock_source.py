@@ -31,8 +31,8 @@ from typing import Any, Iterator
 
 from packaging.version import Version
 
-from torchrl_fixes import patching
-from torchrl_fixes.registry import STOCK_MARK, _marking_init
+from torchrl_fixes._core import patching
+from torchrl_fixes._core.registry import STOCK_MARK, _marking_init
 
 _MISSING = object()
 

@@ -12,10 +12,10 @@ from packaging.version import Version
 
 import torchrl_fixes
 from conformance import reference
-from torchrl_fixes import registry as registry_module
+from torchrl_fixes._core import registry as registry_module
+from torchrl_fixes._core.registry import Registry
+from torchrl_fixes._core.versions import installed_version
 from torchrl_fixes.fixes import ALL_FIXES
-from torchrl_fixes.registry import Registry
-from torchrl_fixes.versions import installed_version
 
 # Release -> the fixes that must be applied there; "nightly" stands for the pinned
 # torchrl-nightly build (noxfile.py names it). The fingerprints of the code each

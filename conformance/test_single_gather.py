@@ -33,9 +33,9 @@ from torchrl.data import (
 import torchrl_fixes
 from conformance import reference
 from conformance.harness import assert_identical, run_patched, run_stock
+from torchrl_fixes._core.registry import Registry
 from torchrl_fixes.fixes import ALL_FIXES
 from torchrl_fixes.fixes import single_gather as fix
-from torchrl_fixes.registry import Registry
 
 _NOT_IN_EFFECT = reference.why_not_in_effect("single_gather")
 pytestmark = pytest.mark.skipif(

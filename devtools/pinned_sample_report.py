@@ -17,7 +17,7 @@ from tensordict import TensorDict
 
 from conformance.harness import tensor_leaves
 from conformance.test_pinned_sample_output import KeepObservation
-from torchrl_fixes.warning_categories import PinMemoryUnavailableWarning
+from torchrl_fixes._core.warning_categories import PinMemoryUnavailableWarning
 
 
 def _tensordict_buffer(transform=None, ndim=1):

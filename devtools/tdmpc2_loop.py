@@ -27,7 +27,7 @@ from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, ReplayBuffer, SliceSampler
 
 import torchrl_fixes
-from torchrl_fixes.versions import installed_version
+from torchrl_fixes._core.versions import installed_version
 
 # TD-MPC2's defaults: batch_size 256, horizon 3; DMControl episodes of 500 steps.
 NUM_SLICES = 256

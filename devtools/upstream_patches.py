@@ -17,7 +17,7 @@ here against the runtime fix (``upstream/conftest.py``) and go into the diff as
 they are, with their imports of the runtime's new modules pointed at TorchRL's.
 
 The configurations a patch leaves to the code it replaces are rendered from the
-fix's declaration (:attr:`torchrl_fixes.registry.Fix.fallbacks`), as ``status()``
+fix's declaration (:attr:`torchrl_fixes._core.registry.Fix.fallbacks`), as ``status()``
 prints them.
 
 ``0001-pinned-sample-output.patch`` is written by hand, apart from its test files;
@@ -199,7 +199,7 @@ class AddFunctions:
 @dataclass(frozen=True)
 class EditSource:
     """Edits of a TorchRL function's source: ``(old, new)`` texts, each found exactly once
-    in the function dedented, as :func:`torchrl_fixes.patching.derive_from_source`
+    in the function dedented, as :func:`torchrl_fixes._core.patching.derive_from_source`
     makes them at runtime."""
 
     path: str
@@ -512,13 +512,13 @@ def patches() -> list[UpstreamPatch]:
     """The generated patches, in order."""
     import torchrl_fixes
     from torchrl_fixes import boundary_cache
+    from torchrl_fixes._core.patching import get_original
     from torchrl_fixes.fixes import single_gather
     from torchrl_fixes.fixes.slice_boundary_index import (
         BOUNDARY_INDEX_EDITS,
         INLINE_HOOKS,
         SAMPLE_HOOKS,
     )
-    from torchrl_fixes.patching import get_original
 
     with torchrl_fixes.disabled():  # the fixes are planned against stock code
         hooks = dict(INLINE_HOOKS)
@@ -681,7 +681,7 @@ def installed_series() -> Series:
     Raises:
         ExportError: no series targets the installed TorchRL.
     """
-    from torchrl_fixes.versions import installed_version
+    from torchrl_fixes._core.versions import installed_version
 
     version = str(installed_version("torchrl"))
     for series in SERIES:
@@ -839,7 +839,7 @@ FALLBACKS = "{fallbacks}"
 
 
 def fallbacks_text(fix: str, indent: int = 4, width: int = 80) -> str:
-    """The fix's declared fallbacks (:attr:`torchrl_fixes.registry.Fix.fallbacks`), wrapped."""
+    """The fix's declared fallbacks (:attr:`torchrl_fixes._core.registry.Fix.fallbacks`), wrapped."""
     from torchrl_fixes.fixes import ALL_FIXES
 
     declared = next(f for f in ALL_FIXES if f.name == fix).fallbacks

@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 import torchrl_fixes
+from torchrl_fixes._core.source_fingerprint import source_fingerprint
 from torchrl_fixes.fixes.pinned_sample_output import PinnedSampleOutput
 from torchrl_fixes.fixes.single_gather import SingleGather
-from torchrl_fixes.source_fingerprint import source_fingerprint
 
-MODULE = Path(torchrl_fixes.__file__).parent / "source_fingerprint.py"
+MODULE = Path(torchrl_fixes.__file__).parent / "_core" / "source_fingerprint.py"
 PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
 
 # Loads the fingerprint module by path: the other interpreter has no torch.

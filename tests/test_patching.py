@@ -5,9 +5,10 @@ import inspect
 
 import pytest
 
-from torchrl_fixes import get_original, is_object_patched, patching
-from torchrl_fixes.patching import Replacement, derive_from_source, wrap_with_statements
-from torchrl_fixes.registry import TargetChanged
+from torchrl_fixes import get_original, is_object_patched
+from torchrl_fixes._core import patching
+from torchrl_fixes._core.errors import TargetChanged
+from torchrl_fixes._core.patching import Replacement, derive_from_source, wrap_with_statements
 
 
 @pytest.fixture

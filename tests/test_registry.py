@@ -14,8 +14,9 @@ from torchrl_fixes import (
     get_original,
     is_object_patched,
 )
-from torchrl_fixes.patching import Replacement
-from torchrl_fixes.registry import Fix, Registry, TargetChanged
+from torchrl_fixes._core.errors import TargetChanged
+from torchrl_fixes._core.patching import Replacement
+from torchrl_fixes._core.registry import Fix, Registry
 
 TORCHRL = Version("1.4.2")
 TENSORDICT = Version("7.0.1")
@@ -45,7 +46,7 @@ def _fixed_describe(self):
 def fake_versions(monkeypatch):
     """The registry sees TorchRL 1.4.2 and tensordict 7.0.1."""
     versions = {"torchrl": TORCHRL, "tensordict": TENSORDICT}
-    monkeypatch.setattr("torchrl_fixes.registry.installed_version", versions.get)
+    monkeypatch.setattr("torchrl_fixes._core.registry.installed_version", versions.get)
     return versions
 
 
@@ -299,7 +300,7 @@ def test_fix_that_cannot_be_fully_set_leaves_nothing_installed(fake_versions, ta
 def test_unknown_torchrl_version_gets_what_its_code_allows(monkeypatch, target, registries):
     """A TorchRL whose release cannot be told (0.10.1 reads 0.0.0+unknown) is gated by
     its code alone; the report says the version is unknown."""
-    monkeypatch.setattr("torchrl_fixes.registry.installed_version", lambda package: None)
+    monkeypatch.setattr("torchrl_fixes._core.registry.installed_version", lambda package: None)
     registry = registries(helper_fix(target))
 
     assert registry.activate() == ["helper_fix"]

@@ -5,7 +5,7 @@ import functools
 
 import pytest
 
-from torchrl_fixes.source_fingerprint import source_fingerprint
+from torchrl_fixes._core.source_fingerprint import source_fingerprint
 
 
 def _passthrough(func):

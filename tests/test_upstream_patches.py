@@ -22,6 +22,8 @@ from packaging.version import Version
 import torchrl_fixes
 from devtools import upstream_patches
 from devtools.torchrl_matrix import NIGHTLY_VERSION
+from torchrl_fixes._core.source_fingerprint import fingerprint_source, source_fingerprint
+from torchrl_fixes._core.versions import installed_version
 from torchrl_fixes.fixes import pinned_sample_output as pinned
 from torchrl_fixes.fixes.slice_boundary_index import (
     BOUNDARY_INDEX_EDITS,
@@ -29,8 +31,6 @@ from torchrl_fixes.fixes.slice_boundary_index import (
     SAMPLE_HOOKS,
     SliceBoundaryIndex,
 )
-from torchrl_fixes.source_fingerprint import fingerprint_source, source_fingerprint
-from torchrl_fixes.versions import installed_version
 
 PATCHES = upstream_patches.SERIES[0].folder
 # The series, one pull request each, in merge order.
@@ -333,7 +333,7 @@ def test_upstream_files_import_torchrl_not_the_runtime(monkeypatch, tmp_path):
 
 def test_no_series_for_the_installed_torchrl_is_one_clear_error(monkeypatch):
     """export-patches with a TorchRL no series targets: one line naming it and the series."""
-    monkeypatch.setattr("torchrl_fixes.versions.installed_version", lambda name: Version("0.13.3"))
+    monkeypatch.setattr("torchrl_fixes._core.versions.installed_version", lambda name: Version("0.13.3"))
     with pytest.raises(upstream_patches.ExportError) as excinfo:
         upstream_patches.installed_series()
     message = str(excinfo.value)

@@ -9,7 +9,7 @@ import uuid
 import pytest
 from packaging.version import Version
 
-from torchrl_fixes.versions import installed_version
+from torchrl_fixes._core.versions import installed_version
 
 PLACEHOLDERS = ["0.0.0+unknown", "0.0.0", "unknown", ""]
 

@@ -305,7 +305,7 @@ def _same_index(index, storage):
 def _fix_state(name: str, obj: Any, noun: str = "object") -> tuple[bool, str]:
     """Whether fix ``name`` runs for ``obj``, and if not, why."""
     import torchrl_fixes
-    from torchrl_fixes.registry import STOCK_MARK
+    from torchrl_fixes._core.registry import STOCK_MARK
 
     row = torchrl_fixes.status()[name]
     if not row.applied:
@@ -1109,7 +1109,7 @@ def _trajectory_count(parts: _Parts):
 
 
 def _torchrl_version() -> str:
-    from torchrl_fixes.versions import installed_version
+    from torchrl_fixes._core.versions import installed_version
 
     return str(installed_version("torchrl") or "unknown")
 

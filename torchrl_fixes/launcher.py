@@ -20,6 +20,8 @@ import subprocess
 import sys
 from typing import Mapping, Sequence
 
+from torchrl_fixes.activation import activate_from_environment
+
 # The folder that holds the sitecustomize.py every launched interpreter runs.
 SITECUSTOMIZE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_site")
 
@@ -126,6 +128,4 @@ def ray_worker_setup() -> list[str]:
         ... )
         True
     """
-    import torchrl_fixes
-
-    return torchrl_fixes._activate_from_environment()
+    return activate_from_environment()

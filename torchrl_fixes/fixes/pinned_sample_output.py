@@ -33,9 +33,10 @@ import torch
 from packaging.specifiers import SpecifierSet
 from tensordict import is_tensor_collection
 
-from torchrl_fixes.patching import Replacement, derive_from_source
-from torchrl_fixes.registry import Fix, TargetChanged, stock_function
-from torchrl_fixes.warning_categories import PinMemoryUnavailableWarning, warn_at_caller
+from torchrl_fixes._core.patching import Replacement, derive_from_source
+from torchrl_fixes._core.errors import TargetChanged
+from torchrl_fixes._core.registry import Fix, stock_function
+from torchrl_fixes._core.warning_categories import PinMemoryUnavailableWarning, warn_at_caller
 
 try:
     from torchrl.data.replay_buffers import utils as _rb_utils

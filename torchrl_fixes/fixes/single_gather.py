@@ -23,7 +23,7 @@ prints the list).
 TorchRL 0.14 and main build the info in ``SliceSampler._finalize_index`` (main's
 adds the batch_time layout in front of 0.14's code), 0.8 to 0.13 in
 ``SliceSampler._get_index``: the fix is the installed method's own source with its
-reads of full rows edited (:func:`~torchrl_fixes.patching.derive_from_source`; the
+reads of full rows edited (:func:`~torchrl_fixes._core.patching.derive_from_source`; the
 edits of each release are chosen by the fingerprint of the installed code), as is
 ``StreamingSliceSampler.mark_update``. ``PrioritizedSliceSampler.sample``, the same in
 every release, is TorchRL's function with its one read changed.
@@ -39,9 +39,10 @@ from packaging.specifiers import SpecifierSet
 from tensordict import TensorDict, unravel_key
 from tensordict.utils import NestedKey
 
-from torchrl_fixes.patching import derive_from_source, Replacement
-from torchrl_fixes.registry import Fix, stock_function, TargetChanged
-from torchrl_fixes.source_fingerprint import source_fingerprint
+from torchrl_fixes._core.errors import TargetChanged
+from torchrl_fixes._core.patching import derive_from_source, Replacement
+from torchrl_fixes._core.registry import Fix, stock_function
+from torchrl_fixes._core.source_fingerprint import source_fingerprint
 
 try:
     from torchrl._utils import _replace_last

@@ -28,9 +28,9 @@ keeps its meaning (what is returned is never stale) and costs nothing.
 ask), and :mod:`torchrl_fixes.slice_boundaries` decides what a sampler reads (the
 upstream patches add them to TorchRL as they are); this module wraps TorchRL's
 methods so that they run the statements of :data:`INLINE_HOOKS`, the lines the
-upstream patch writes into them (:func:`~torchrl_fixes.patching.wrap_with_statements`),
+upstream patch writes into them (:func:`~torchrl_fixes._core.patching.wrap_with_statements`),
 and edits ``_ReplayBoundaryIndex.__init__`` as :data:`BOUNDARY_INDEX_EDITS` says
-(:func:`~torchrl_fixes.patching.derive_from_source`). Before TorchRL 0.14, which has
+(:func:`~torchrl_fixes._core.patching.derive_from_source`). Before TorchRL 0.14, which has
 no mutation revision and no boundary cache, :mod:`torchrl_fixes.mutation_revision`
 installs both first.
 
@@ -79,8 +79,9 @@ from torchrl_fixes import (
     storage_boundaries,
 )
 from torchrl_fixes.mutation_revision import MUTATION_REVISION_HOOKS
-from torchrl_fixes.patching import Replacement, derive_from_source, wrap_with_statements
-from torchrl_fixes.registry import Fix, TargetChanged, stock_function
+from torchrl_fixes._core.patching import Replacement, derive_from_source, wrap_with_statements
+from torchrl_fixes._core.errors import TargetChanged
+from torchrl_fixes._core.registry import Fix, stock_function
 from torchrl_fixes.slice_boundaries import _classes_fallback_reason, boundary_source
 
 try:

@@ -18,6 +18,8 @@ import types
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from torchrl_fixes._core.errors import TargetChanged
+
 _MISSING = object()
 
 # (id(owner), attribute name) -> its installed record, for every patch in place.
@@ -291,8 +293,6 @@ def derive_from_source(
     source = textwrap.dedent(inspect.getsource(stock))
     for old, new in edits:
         if source.count(old) != 1:
-            from torchrl_fixes.registry import TargetChanged  # the registry imports this module
-
             raise TargetChanged(f"{stock.__qualname__}: {old.strip()!r} is not found once")
         source = source.replace(old, new)
     cells = dict(

@@ -20,7 +20,7 @@ def installed_version(package: str) -> Version | None:
         package (str): the distribution and module name (``"torchrl"``).
 
     Examples:
-        >>> from torchrl_fixes.versions import installed_version
+        >>> from torchrl_fixes._core.versions import installed_version
         >>> installed_version("torchrl") >= Version("0.11")
         True
     """

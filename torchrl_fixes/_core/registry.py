@@ -19,20 +19,17 @@ from typing import Any, Callable, ClassVar, Collection, Iterator, Sequence
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from torchrl_fixes import patching
-from torchrl_fixes.patching import Replacement
-from torchrl_fixes.source_fingerprint import source_fingerprint
-from torchrl_fixes.versions import installed_version
-from torchrl_fixes.warning_categories import FixSkippedWarning, warn_at_caller
+from torchrl_fixes._core import patching
+from torchrl_fixes._core.errors import TargetChanged
+from torchrl_fixes._core.patching import Replacement
+from torchrl_fixes._core.source_fingerprint import source_fingerprint
+from torchrl_fixes._core.versions import installed_version
+from torchrl_fixes._core.warning_categories import FixSkippedWarning, warn_at_caller
 
 logger = logging.getLogger("torchrl_fixes")
 
 # Instance attribute set on objects built inside ``disabled()``: they keep running stock code.
 STOCK_MARK = "_torchrl_fixes_stock"
-
-
-class TargetChanged(Exception):
-    """A fix's target is missing or no longer looks like the code the fix replaces."""
 
 
 def stock_function(owner: Any, name: str, fingerprints: Collection[str]) -> types.FunctionType:
@@ -60,7 +57,7 @@ def stock_function(owner: Any, name: str, fingerprints: Collection[str]) -> type
         >>> stock_function(module, "helper", set())
         Traceback (most recent call last):
         ...
-        torchrl_fixes.registry.TargetChanged: helper is not the code this fix replaces (changed or fixed upstream)
+        torchrl_fixes._core.errors.TargetChanged: helper is not the code this fix replaces (changed or fixed upstream)
     """
     if isinstance(owner, type):
         func, path = vars(owner).get(name), f"{owner.__qualname__}.{name}"

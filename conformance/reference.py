@@ -126,7 +126,7 @@ def boundary_index_module(part: str = "slice"):
         }[part]
         return importlib.import_module(f"torchrl.data.replay_buffers.{name}")
     name = {"slice": "slice_boundaries", "storage": "storage_boundaries", "cache": "boundary_cache"}[part]
-    return importlib.import_module(f"torchrl_fixes.{name}")
+    return importlib.import_module(f"torchrl_fixes.fixes.slice_boundary_index.{name}")
 
 
 def fallback_reason(sampler, storage):

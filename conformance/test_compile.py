@@ -81,7 +81,7 @@ def _sample_after_unrecorded_write(monkeypatch):
         patch.setattr(torch.compiler, "is_compiling", lambda: True)
         if not reference.UPSTREAM:
             # the backported revision imports it by name
-            mutation_revision = importlib.import_module("torchrl_fixes.mutation_revision")
+            mutation_revision = importlib.import_module("torchrl_fixes.fixes.slice_boundary_index.mutation_revision")
             patch.setattr(mutation_revision, "is_compiling", lambda: True)
         rb.storage.set(torch.arange(120, 200), _episodes(120, 80, 7))
     out.append(rb.sample())

@@ -100,7 +100,7 @@ UPSTREAM_FILES: dict[int, tuple[str, ...]] = {
     ),
 }
 # upstream/ test files import the runtime's new modules; in TorchRL they live here.
-_UPSTREAM_IMPORT = re.compile(r"^from torchrl_fixes\.(\w+) import", re.MULTILINE)
+_UPSTREAM_IMPORT = re.compile(r"^from (torchrl_fixes(?:\.\w+)+) import", re.MULTILINE)
 
 _LICENSE = """\
 # Copyright (c) Meta Platforms, Inc. and affiliates.
@@ -130,15 +130,15 @@ _MODULE_REWRITES = (
     ("import logging\n", ""),
     ('\nlogger = logging.getLogger("torchrl_fixes")\n', ""),
     (
-        "from torchrl_fixes.storage_boundaries import",
+        "from torchrl_fixes.fixes.slice_boundary_index.storage_boundaries import",
         f"from torchrl._utils import logger\nfrom {_RB_MODULE}.storage_boundaries import",
     ),
-    ("from torchrl_fixes.boundary_cache import", f"from {_RB_MODULE}.utils import"),
-    ("from torchrl_fixes.trajectory_boundaries import", f"from {_RB_MODULE}.trajectory_boundaries import"),
-    ("from torchrl_fixes.trajectory_order import", f"from {_RB_MODULE}.trajectory_order import"),
-    ("from torchrl_fixes.trajectory_table import", f"from {_RB_MODULE}.trajectory_table import"),
+    ("from torchrl_fixes.fixes.slice_boundary_index.boundary_cache import", f"from {_RB_MODULE}.utils import"),
+    ("from torchrl_fixes.fixes.slice_boundary_index.trajectory_boundaries import", f"from {_RB_MODULE}.trajectory_boundaries import"),
+    ("from torchrl_fixes.fixes.slice_boundary_index.trajectory_order import", f"from {_RB_MODULE}.trajectory_order import"),
+    ("from torchrl_fixes.fixes.slice_boundary_index.trajectory_table import", f"from {_RB_MODULE}.trajectory_table import"),
     (
-        "from torchrl_fixes.slice_boundaries import",
+        "from torchrl_fixes.fixes.slice_boundary_index.slice_boundaries import",
         f"from {_RB_MODULE}.samplers._slice_boundaries import",
     ),
     (">>> import torch, torchrl_fixes\n", ">>> import torch\n"),
@@ -511,13 +511,13 @@ def _hook_edits(hooks: dict) -> list:
 def patches() -> list[UpstreamPatch]:
     """The generated patches, in order."""
     import torchrl_fixes
-    from torchrl_fixes import boundary_cache
     from torchrl_fixes._core.patching import get_original
     from torchrl_fixes.fixes import single_gather
     from torchrl_fixes.fixes.slice_boundary_index import (
         BOUNDARY_INDEX_EDITS,
         INLINE_HOOKS,
         SAMPLE_HOOKS,
+        boundary_cache,
     )
 
     with torchrl_fixes.disabled():  # the fixes are planned against stock code
@@ -585,7 +585,7 @@ def patches() -> list[UpstreamPatch]:
             "slice_boundary_index",
             TRAJECTORY_ORDER_HEADER,
             (),
-            (NewModule(f"{RB}/trajectory_order.py", "torchrl_fixes.trajectory_order"),),
+            (NewModule(f"{RB}/trajectory_order.py", "torchrl_fixes.fixes.slice_boundary_index.trajectory_order"),),
             name="trajectory_order",
         ),
         UpstreamPatch(
@@ -596,8 +596,8 @@ def patches() -> list[UpstreamPatch]:
             (
                 NewModule(
                     f"{RB}/trajectory_boundaries.py",
-                    "torchrl_fixes.trajectory_boundaries",
-                    rewrites=("from torchrl_fixes.trajectory_order import",),
+                    "torchrl_fixes.fixes.slice_boundary_index.trajectory_boundaries",
+                    rewrites=("from torchrl_fixes.fixes.slice_boundary_index.trajectory_order import",),
                 ),
             ),
             name="trajectory_boundaries",
@@ -610,8 +610,8 @@ def patches() -> list[UpstreamPatch]:
             (
                 NewModule(
                     f"{RB}/storage_boundaries.py",
-                    "torchrl_fixes.storage_boundaries",
-                    rewrites=("from torchrl_fixes.trajectory_boundaries import",),
+                    "torchrl_fixes.fixes.slice_boundary_index.storage_boundaries",
+                    rewrites=("from torchrl_fixes.fixes.slice_boundary_index.trajectory_boundaries import",),
                 ),
                 # the boundary cache's functions, beside the cache
                 *_module_function_edits(f"{RB}/utils.py", boundary_cache, "_ReplayBoundaryIndex"),
@@ -631,13 +631,13 @@ def patches() -> list[UpstreamPatch]:
             (
                 NewModule(
                     f"{RB}/samplers/_slice_boundaries.py",
-                    "torchrl_fixes.slice_boundaries",
+                    "torchrl_fixes.fixes.slice_boundary_index.slice_boundaries",
                     rewrites=(
                         *to_torchrl,
-                        "from torchrl_fixes.boundary_cache import",
-                        "from torchrl_fixes.storage_boundaries import",
-                        "from torchrl_fixes.trajectory_boundaries import",
-                        "from torchrl_fixes.slice_boundaries import",
+                        "from torchrl_fixes.fixes.slice_boundary_index.boundary_cache import",
+                        "from torchrl_fixes.fixes.slice_boundary_index.storage_boundaries import",
+                        "from torchrl_fixes.fixes.slice_boundary_index.trajectory_boundaries import",
+                        "from torchrl_fixes.fixes.slice_boundary_index.slice_boundaries import",
                     ),
                 ),
                 *_hook_edits(sampler_hooks),
@@ -651,16 +651,16 @@ def patches() -> list[UpstreamPatch]:
             (
                 NewModule(
                     f"{RB}/trajectory_table.py",
-                    "torchrl_fixes.trajectory_table",
-                    rewrites=("from torchrl_fixes.trajectory_boundaries import",),
+                    "torchrl_fixes.fixes.slice_boundary_index.trajectory_table",
+                    rewrites=("from torchrl_fixes.fixes.slice_boundary_index.trajectory_boundaries import",),
                 ),
                 NewModule(
                     f"{RB}/samplers/_slice_sampling.py",
-                    "torchrl_fixes.slice_sampling",
+                    "torchrl_fixes.fixes.slice_boundary_index.slice_sampling",
                     rewrites=(
-                        "from torchrl_fixes.slice_boundaries import",
-                        "from torchrl_fixes.trajectory_boundaries import",
-                        "from torchrl_fixes.trajectory_table import",
+                        "from torchrl_fixes.fixes.slice_boundary_index.slice_boundaries import",
+                        "from torchrl_fixes.fixes.slice_boundary_index.trajectory_boundaries import",
+                        "from torchrl_fixes.fixes.slice_boundary_index.trajectory_table import",
                     ),
                 ),
                 *_hook_edits(SAMPLE_HOOKS),

@@ -11,9 +11,13 @@ import torch
 from tensordict import TensorDict
 
 import torchrl_fixes
-from torchrl_fixes import boundary_cache, slice_boundaries
-from torchrl_fixes import storage_boundaries as sbi
-from torchrl_fixes.fixes.slice_boundary_index import _backports_mutation_revision, fallback_reason
+from torchrl_fixes.fixes.slice_boundary_index import (
+    _backports_mutation_revision,
+    boundary_cache,
+    fallback_reason,
+    slice_boundaries,
+)
+from torchrl_fixes.fixes.slice_boundary_index import storage_boundaries as sbi
 
 pytestmark = pytest.mark.skipif(
     not torchrl_fixes.status()["slice_boundary_index"].applied,
@@ -89,7 +93,7 @@ def test_a_copy_starts_with_no_boundaries_and_is_marked():
 
 @pytest.mark.skipif(not _backports_mutation_revision(), reason="TorchRL counts its storages' mutations")
 def test_backported_write_count_is_shared_and_kept_by_pickling():
-    from torchrl_fixes import mutation_revision
+    from torchrl_fixes.fixes.slice_boundary_index import mutation_revision
 
     storage = _storage()
     count = storage.__dict__[mutation_revision._COUNT_ATTR]
@@ -262,7 +266,7 @@ def test_agreement_is_dropped_when_only_named_keys_read_the_storage(first_reader
 def test_before_torchrl_014_a_storage_with_a_write_path_of_its_own_is_rebuilt_at_every_read():
     from torchrl.data import LazyTensorStorage, SliceSampler
 
-    from torchrl_fixes import mutation_revision
+    from torchrl_fixes.fixes.slice_boundary_index import mutation_revision
 
     class Writing(LazyTensorStorage):
         def set(self, cursor, data, *, set_cursor=True):
@@ -330,7 +334,7 @@ def test_a_slice_sample_lists_no_trajectory(strict_length, monkeypatch):
     """After the first sample, writes and samples never list every trajectory."""
     from torchrl.data import SliceSampler
 
-    from torchrl_fixes.trajectory_order import TrajectoryOrder
+    from torchrl_fixes.fixes.slice_boundary_index.trajectory_order import TrajectoryOrder
 
     # one short trajectory, so that strict_length drops it and the draw counts by length
     rb = _episodes_buffer(SliceSampler(slice_len=4, traj_key="episode", strict_length=strict_length))
@@ -380,7 +384,7 @@ def test_slices_of_one_length_skip_torchrls_general_path(monkeypatch):
     index is built from the drawn rows (TorchRL 0.14 on), _sample_slices never runs."""
     from torchrl.data import SliceSampler
 
-    from torchrl_fixes import slice_sampling
+    from torchrl_fixes.fixes.slice_boundary_index import slice_sampling
 
     if slice_sampling._classes_index_reason(SliceSampler) is not None:
         pytest.skip(slice_sampling._classes_index_reason(SliceSampler))
@@ -407,7 +411,7 @@ def test_relative_starts_are_get_indexs_float32_arithmetic(seq_length):
     """The slices' starts in their trajectories, computed in numpy, are the ones
     ``_get_index`` computes in torch from the same draws, up to lengths of 2**31
     rows (float32 rounds the room there, the same way on both sides)."""
-    from torchrl_fixes.slice_sampling import _relative_starts
+    from torchrl_fixes.fixes.slice_boundary_index.slice_sampling import _relative_starts
 
     generator = torch.Generator().manual_seed(seq_length)
     lengths = torch.cat(
@@ -436,7 +440,7 @@ def _sample_pair(storage, stock_storage, sampler, stock_sampler, seed):
 def test_a_plan_holds_until_the_storage_changes_otherwise_than_by_recorded_writes():
     from torchrl.data import LazyTensorStorage, SliceSampler
 
-    from torchrl_fixes.boundary_cache import _REPLAY_BOUNDARY_CACHE
+    from torchrl_fixes.fixes.slice_boundary_index.boundary_cache import _REPLAY_BOUNDARY_CACHE
 
     def rows(start, n):
         step = torch.arange(start, start + n)

@@ -219,7 +219,7 @@ def test_each_patch_needs_only_what_it_declares(name, tmp_path):
 
 def test_patched_source_holds_the_runtime_modules(patched_torchrl):
     """The modules the slice patch adds are the runtime package's, imports aside."""
-    from torchrl_fixes import (
+    from torchrl_fixes.fixes.slice_boundary_index import (
         boundary_cache,
         slice_boundaries,
         slice_sampling,
@@ -320,7 +320,7 @@ def test_upstream_files_import_torchrl_not_the_runtime(monkeypatch, tmp_path):
     """An upstream file's imports of the runtime's modules are TorchRL's in the patch."""
     (tmp_path / "test").mkdir()
     (tmp_path / "test" / "test_x.py").write_text(
-        "from torchrl_fixes.trajectory_order import TrajectoryOrder\n"
+        "from torchrl_fixes.fixes.slice_boundary_index.trajectory_order import TrajectoryOrder\n"
     )
     monkeypatch.setattr(upstream_patches, "UPSTREAM_DIR", tmp_path)
     assert upstream_patches.upstream_file_text("test/test_x.py") == (

@@ -63,6 +63,21 @@ def _own_attribute(owner: Any, name: str) -> Any:
     return vars(owner).get(name, _MISSING)
 
 
+def defining_class(cls: type, name: str) -> type | None:
+    """The first class in ``cls``'s MRO that defines ``name`` itself (``None``: none does).
+
+    Examples:
+        >>> class Base:
+        ...     def run(self):
+        ...         pass
+        >>> class Child(Base):
+        ...     pass
+        >>> defining_class(Child, "run") is Base, defining_class(Child, "missing")
+        (True, None)
+    """
+    return next((klass for klass in cls.__mro__ if name in vars(klass)), None)
+
+
 def class_attribute(owner: Any, name: str) -> Any:
     """``owner.name`` as stored: for a class, the raw entry of the first class in its MRO
     that defines it (a ``staticmethod`` object, not the function it wraps); for a

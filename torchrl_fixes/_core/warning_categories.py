@@ -21,7 +21,9 @@ def _package_dirs() -> tuple[str, ...]:
     import contextlib
     import os
 
-    dirs = [os.path.dirname(__file__), os.path.dirname(contextlib.__file__) + os.sep + "contextlib.py"]
+    # this package: the folder above _core/
+    package = os.path.dirname(os.path.dirname(__file__))
+    dirs = [package, os.path.dirname(contextlib.__file__) + os.sep + "contextlib.py"]
     for name in ("torchrl", "tensordict"):
         module = sys.modules.get(name)
         if module is not None and getattr(module, "__file__", None):

@@ -8,7 +8,7 @@ from tensordict import TensorDict
 
 from torchrl.data import LazyTensorStorage
 from torchrl.data.replay_buffers import SliceSampler
-from torchrl_fixes.trajectory_boundaries import TrajectoryBoundaries
+from torchrl_fixes.fixes.slice_boundary_index.trajectory_boundaries import TrajectoryBoundaries
 
 
 class ListingSliceSampler(SliceSampler):

@@ -8,12 +8,12 @@ import torch
 from tensordict import TensorDict
 
 from torchrl.data import LazyTensorStorage, ReplayBuffer
-from torchrl_fixes.boundary_cache import (
+from torchrl_fixes.fixes.slice_boundary_index.boundary_cache import (
     _indexed_boundaries,
     _REPLAY_BOUNDARY_CACHE,
     _storage_boundaries,
 )
-from torchrl_fixes.storage_boundaries import _written_rows, StorageBoundaries
+from torchrl_fixes.fixes.slice_boundary_index.storage_boundaries import _written_rows, StorageBoundaries
 
 CAPACITY = 10
 DONE = ("next", "done")

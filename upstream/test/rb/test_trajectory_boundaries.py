@@ -14,11 +14,11 @@ import argparse
 
 import pytest
 import torch
-from torchrl_fixes.trajectory_boundaries import (
+from torchrl_fixes.fixes.slice_boundary_index.trajectory_boundaries import (
     EndFlagDisagreements,
     TrajectoryBoundaries,
 )
-from torchrl_fixes.trajectory_order import TrajectoryOrder
+from torchrl_fixes.fixes.slice_boundary_index.trajectory_order import TrajectoryOrder
 
 _ORDER_MODULE = TrajectoryOrder.__module__
 _BOUNDARIES_MODULE = TrajectoryBoundaries.__module__

@@ -10,7 +10,7 @@ import argparse
 import numpy as np
 import pytest
 import torch
-from torchrl_fixes.trajectory_order import TrajectoryOrder
+from torchrl_fixes.fixes.slice_boundary_index.trajectory_order import TrajectoryOrder
 
 _ORDER_MODULE = TrajectoryOrder.__module__
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torchrl_fixes.trajectory_boundaries import TrajectoryBoundaries
-from torchrl_fixes.trajectory_table import GrowingStorageTable, TrajectoryTable
+from torchrl_fixes.fixes.slice_boundary_index.trajectory_boundaries import TrajectoryBoundaries
+from torchrl_fixes.fixes.slice_boundary_index.trajectory_table import GrowingStorageTable, TrajectoryTable
 
 
 def _listed(done: torch.Tensor, length: int):

@@ -14,37 +14,32 @@ With this fix the entry a ``TensorStorage`` has in TorchRL's boundary cache
 advances it instead of emptying it: ``TensorStorage.set`` records the rows it
 touches, O(k); the next sample reads the signal of those rows only and splices the
 result into the index, and draws its trajectories by rank from it
-(:mod:`torchrl_fixes.slice_sampling`): a sample costs O(batch) plus one count per
+(:mod:`torchrl_fixes.fixes.slice_boundary_index.slice_sampling`): a sample costs O(batch) plus one count per
 chunk of 1,024 trajectories. While a storage only grows and done flags end its
 trajectories, the index also keeps them in a flat table
-(:mod:`torchrl_fixes.trajectory_table`) that the next sample appends the written rows
+(:mod:`torchrl_fixes.fixes.slice_boundary_index.trajectory_table`) that the next sample appends the written rows
 to and draws from directly. The boundaries are exactly those the stock code recovers, so the
 samples are the same, and they are used whatever ``cache_values`` says: the flag
 keeps its meaning (what is returned is never stale) and costs nothing.
 
-:mod:`torchrl_fixes.storage_boundaries` is the storage's entry,
-:mod:`torchrl_fixes.boundary_cache` carries it across writes and serves
+:mod:`torchrl_fixes.fixes.slice_boundary_index.storage_boundaries` is the storage's entry,
+:mod:`torchrl_fixes.fixes.slice_boundary_index.boundary_cache` carries it across writes and serves
 ``_ReplayBoundaryIndex`` (which the ``Sequence`` and ``SubgoalTriplet`` sample units
-ask), and :mod:`torchrl_fixes.slice_boundaries` decides what a sampler reads (the
+ask), and :mod:`torchrl_fixes.fixes.slice_boundary_index.slice_boundaries` decides what a sampler reads (the
 upstream patches add them to TorchRL as they are); this module wraps TorchRL's
 methods so that they run the statements of :data:`INLINE_HOOKS`, the lines the
 upstream patch writes into them (:func:`~torchrl_fixes._core.patching.wrap_with_statements`),
 and edits ``_ReplayBoundaryIndex.__init__`` as :data:`BOUNDARY_INDEX_EDITS` says
 (:func:`~torchrl_fixes._core.patching.derive_from_source`). Before TorchRL 0.14, which has
-no mutation revision and no boundary cache, :mod:`torchrl_fixes.mutation_revision`
+no mutation revision and no boundary cache, :mod:`torchrl_fixes.fixes.slice_boundary_index.mutation_revision`
 installs both first.
 
-Done flags for ids: a sampler that names no trajectory key reads the ids TorchRL
-picks for it (``("collector", "traj_ids")`` or ``"episode"`` on 0.14, ``"episode"``
-before). Where the storage also
-holds ``("next", "done")`` flags, the fix follows, from the storage's first write,
-the rows where the flags and the ids mark different ends (O(k) per write, read in
-batches). While they mark the same ends, the index reads the flags: a boolean
-column is 8x smaller than int64 ids, and a cold build needs no comparison of
-neighbouring rows. Where they disagree (collectors writing interleaved rows),
-the ids are read and this is logged once. A key the user named, ``traj_key`` or
-``end_key``, is read as named; when such a sampler is the first to read a storage,
-the agreement stops being followed there, as nothing would use it.
+Done flags for ids, where a sampler names no trajectory key: which column is read
+is :mod:`~torchrl_fixes.fixes.slice_boundary_index.slice_boundaries`' to say, and
+the rows where the flags and the ids disagree are followed by
+:mod:`~torchrl_fixes.fixes.slice_boundary_index.storage_boundaries` from the
+storage's first write. When a sampler that names its key is the first to read a
+storage, they stop being followed there, as nothing would use them.
 :func:`boundary_source` tells which column a storage's last sample read.
 
 Devices: a storage on an accelerator, and a sampler with ``use_gpu``, get the
@@ -71,22 +66,36 @@ import inspect
 
 from packaging.specifiers import SpecifierSet
 
-from torchrl_fixes import (
+from torchrl_fixes.fixes.slice_boundary_index import (
     boundary_cache,
     mutation_revision,
     slice_boundaries,
     slice_sampling,
     storage_boundaries,
 )
-from torchrl_fixes.mutation_revision import MUTATION_REVISION_HOOKS
-from torchrl_fixes._core.patching import Replacement, derive_from_source, wrap_with_statements
+from torchrl_fixes.fixes.slice_boundary_index.mutation_revision import (
+    MUTATION_REVISION_HOOKS,
+)
+from torchrl_fixes._core.patching import (
+    defining_class,
+    Replacement,
+    derive_from_source,
+    wrap_with_statements,
+)
 from torchrl_fixes._core.errors import TargetChanged
 from torchrl_fixes._core.registry import Fix, stock_function
-from torchrl_fixes.slice_boundaries import _classes_fallback_reason, boundary_source
+from torchrl_fixes.fixes.slice_boundary_index.slice_boundaries import (
+    _classes_fallback_reason,
+    boundary_source,
+)
 
 try:
     from torchrl.data.replay_buffers.samplers import SliceSampler
-    from torchrl.data.replay_buffers.storages import LazyMemmapStorage, Storage, TensorStorage
+    from torchrl.data.replay_buffers.storages import (
+        LazyMemmapStorage,
+        Storage,
+        TensorStorage,
+    )
 except ImportError as err:  # a TorchRL whose layout this fix does not know
     SliceSampler = TensorStorage = Storage = LazyMemmapStorage = None
     _IMPORT_ERROR = err
@@ -135,7 +144,13 @@ SAMPLE_HOOKS = {
 # The modules whose names the statements use: the boundary cache carries a storage's
 # entry across its writes, samplers read it and draw from it; before TorchRL 0.14,
 # the mutation revision is backported.
-HOOK_MODULES = (boundary_cache, storage_boundaries, slice_boundaries, slice_sampling, mutation_revision)
+HOOK_MODULES = (
+    boundary_cache,
+    storage_boundaries,
+    slice_boundaries,
+    slice_sampling,
+    mutation_revision,
+)
 
 
 def hook_module(statements) -> object:
@@ -225,23 +240,37 @@ class SliceBoundaryIndex(Fix):
 
     def plan(self) -> list[Replacement]:
         if _IMPORT_ERROR is not None:
-            raise TargetChanged(f"cannot import TorchRL's samplers and storages ({_IMPORT_ERROR})")
+            raise TargetChanged(
+                f"cannot import TorchRL's samplers and storages ({_IMPORT_ERROR})"
+            )
         from torchrl.data import ReplayBuffer
 
-        stock = stock_function(SliceSampler, "_get_stop_and_length", _KNOWN_GET_STOP_AND_LENGTH)
+        stock = stock_function(
+            SliceSampler, "_get_stop_and_length", _KNOWN_GET_STOP_AND_LENGTH
+        )
         stock_function(SliceSampler, "sample", _KNOWN_SAMPLE)
         stock_function(SliceSampler, "_sample_slices", _KNOWN_SAMPLE_SLICES)
         signature = inspect.signature(stock)
         if list(signature.parameters) != ["self", "storage", "fallback"]:
-            raise TargetChanged("SliceSampler._get_stop_and_length has another signature")
-        set_owner = next(k for k in TensorStorage.__mro__ if "set" in vars(k))
-        if set_owner is not TensorStorage:
+            raise TargetChanged(
+                "SliceSampler._get_stop_and_length has another signature"
+            )
+        if defining_class(TensorStorage, "set") is not TensorStorage:
             raise TargetChanged("TensorStorage.set is not defined on TensorStorage")
-        if "traj_key" not in inspect.signature(vars(SliceSampler)["__init__"]).parameters:
+        if (
+            "traj_key"
+            not in inspect.signature(vars(SliceSampler)["__init__"]).parameters
+        ):
             raise TargetChanged("SliceSampler.__init__ takes no traj_key")
         owners = {
             cls.__name__: cls
-            for cls in (SliceSampler, TensorStorage, LazyMemmapStorage, Storage, ReplayBuffer)
+            for cls in (
+                SliceSampler,
+                TensorStorage,
+                LazyMemmapStorage,
+                Storage,
+                ReplayBuffer,
+            )
         }
         replacements = []
         for (_, qualname), (before, after) in _hooks().items():
@@ -255,13 +284,27 @@ class SliceBoundaryIndex(Fix):
                 raise TargetChanged(f"{qualname} is missing")
             namespace = vars(hook_module((*before, *after)))
             replacements.append(
-                Replacement(owner, name, wrap_with_statements(method, before, after, namespace))
+                Replacement(
+                    owner, name, wrap_with_statements(method, before, after, namespace)
+                )
             )
         if _backports_mutation_revision():
             replacements += [
-                Replacement(Storage, "_mutation_revision", property(mutation_revision._mutation_revision)),
-                Replacement(Storage, "_bump_mutation_revision", mutation_revision._bump_mutation_revision),
-                Replacement(Storage, "_last_cursor_index", property(mutation_revision._last_cursor_index)),
+                Replacement(
+                    Storage,
+                    "_mutation_revision",
+                    property(mutation_revision._mutation_revision),
+                ),
+                Replacement(
+                    Storage,
+                    "_bump_mutation_revision",
+                    mutation_revision._bump_mutation_revision,
+                ),
+                Replacement(
+                    Storage,
+                    "_last_cursor_index",
+                    property(mutation_revision._last_cursor_index),
+                ),
             ]
         replacements += _boundary_index_replacements()
         _classes_fallback_reason.cache_clear()
@@ -272,7 +315,10 @@ class SliceBoundaryIndex(Fix):
 def _backports_mutation_revision() -> bool:
     """Whether this TorchRL predates the storage mutation revision (before 0.14)."""
     revision = vars(Storage).get("_mutation_revision")
-    return revision is None or getattr(revision, "fget", None) is mutation_revision._mutation_revision
+    return (
+        revision is None
+        or getattr(revision, "fget", None) is mutation_revision._mutation_revision
+    )
 
 
 def _hooks() -> dict:
@@ -307,9 +353,9 @@ def _boundary_index_replacements() -> list[Replacement]:
 def fallback_reason(sampler, storage) -> str | None:
     """Why ``sampler`` samples ``storage`` with stock boundary recovery, or ``None`` if it does not.
 
-    :func:`torchrl_fixes.slice_boundaries.fallback_reason` (its examples show both
+    :func:`torchrl_fixes.fixes.slice_boundary_index.slice_boundaries.fallback_reason` (its examples show both
     answers), and before TorchRL 0.14 also why the backported mutation revision could
-    miss writes to ``storage`` (:func:`torchrl_fixes.mutation_revision.unseen_writes_reason`).
+    miss writes to ``storage`` (:func:`torchrl_fixes.fixes.slice_boundary_index.mutation_revision.unseen_writes_reason`).
     """
     reason = slice_boundaries.fallback_reason(sampler, storage)
     if reason is None and _IMPORT_ERROR is None and _backports_mutation_revision():

@@ -31,9 +31,17 @@ import functools
 import numpy as np
 import torch
 
-from torchrl_fixes.slice_boundaries import _overrides, _query_index
-from torchrl_fixes.trajectory_boundaries import TrajectoryBoundaries
-from torchrl_fixes.trajectory_table import GrowingStorageTable, TrajectoryTable
+from torchrl_fixes.fixes.slice_boundary_index.slice_boundaries import (
+    _overrides,
+    _query_index,
+)
+from torchrl_fixes.fixes.slice_boundary_index.trajectory_boundaries import (
+    TrajectoryBoundaries,
+)
+from torchrl_fixes.fixes.slice_boundary_index.trajectory_table import (
+    GrowingStorageTable,
+    TrajectoryTable,
+)
 
 
 def _sample_from_index(sampler, storage, batch_size: int):

@@ -44,13 +44,13 @@ import torch
 from tensordict import TensorDictBase, unravel_key
 
 from torchrl.data.replay_buffers.storages import TensorStorage
-from torchrl_fixes.boundary_cache import (
+from torchrl_fixes.fixes.slice_boundary_index.boundary_cache import (
     _mutation_revision,
     _REPLAY_BOUNDARY_CACHE,
     _REPLAY_BOUNDARY_CACHE_LOCK,
     _storage_boundaries,
 )
-from torchrl_fixes.storage_boundaries import (
+from torchrl_fixes.fixes.slice_boundary_index.storage_boundaries import (
     _decide_pairs,
     _END_KEY,
     _geometry,
@@ -60,7 +60,9 @@ from torchrl_fixes.storage_boundaries import (
     _Unsupported,
     StorageBoundaries,
 )
-from torchrl_fixes.trajectory_boundaries import TrajectoryBoundaries
+from torchrl_fixes.fixes.slice_boundary_index.trajectory_boundaries import (
+    TrajectoryBoundaries,
+)
 
 logger = logging.getLogger("torchrl_fixes")
 
@@ -394,7 +396,7 @@ def fallback_reason(sampler, storage) -> str | None:
         >>> import torch, torchrl_fixes
         >>> from tensordict import TensorDict
         >>> from torchrl.data import LazyTensorStorage, ListStorage, SliceSampler
-        >>> from torchrl_fixes.slice_boundaries import fallback_reason
+        >>> from torchrl_fixes.fixes.slice_boundary_index.slice_boundaries import fallback_reason
         >>> storage = LazyTensorStorage(10)
         >>> storage.set(torch.arange(4), TensorDict({"episode": torch.zeros(4)}, [4]))
         >>> print(fallback_reason(SliceSampler(num_slices=2, traj_key="episode"), storage))
@@ -424,7 +426,7 @@ def boundary_source(storage) -> tuple[str, Any] | None:
         >>> import torch, torchrl_fixes
         >>> from tensordict import TensorDict
         >>> from torchrl.data import LazyTensorStorage, ReplayBuffer, SliceSampler
-        >>> from torchrl_fixes.slice_boundaries import boundary_source
+        >>> from torchrl_fixes.fixes.slice_boundary_index.slice_boundaries import boundary_source
         >>> step = torch.arange(100)
         >>> rb = ReplayBuffer(
         ...     storage=LazyTensorStorage(1000), sampler=SliceSampler(num_slices=4), batch_size=16)

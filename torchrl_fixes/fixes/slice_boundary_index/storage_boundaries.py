@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from tensordict import TensorDictBase, unravel_key
 
-from torchrl_fixes.trajectory_boundaries import (
+from torchrl_fixes.fixes.slice_boundary_index.trajectory_boundaries import (
     _host_array,
     EndFlagDisagreements,
     TrajectoryBoundaries,

@@ -15,7 +15,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from torchrl_fixes.trajectory_boundaries import Signal, TrajectoryBoundaries, _read
+from torchrl_fixes.fixes.slice_boundary_index.trajectory_boundaries import (
+    Signal,
+    TrajectoryBoundaries,
+    _read,
+)
 
 # The length of the shortest closed trajectory while there is none.
 _NO_LENGTH = np.iinfo(np.int64).max
@@ -168,7 +172,7 @@ class GrowingStorageTable:
 
     Examples:
         >>> import torch
-        >>> from torchrl_fixes.trajectory_boundaries import TrajectoryBoundaries
+        >>> from torchrl_fixes.fixes.slice_boundary_index.trajectory_boundaries import TrajectoryBoundaries
         >>> done = torch.zeros(20, dtype=torch.bool)
         >>> done[[2, 7]] = True
         >>> index = TrajectoryBoundaries("end")

@@ -27,7 +27,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from torchrl_fixes.trajectory_order import TrajectoryOrder
+from torchrl_fixes.fixes.slice_boundary_index.trajectory_order import TrajectoryOrder
 
 Signal = Callable[[slice], torch.Tensor]
 

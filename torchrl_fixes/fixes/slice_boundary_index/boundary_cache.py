@@ -7,7 +7,7 @@ entry a :class:`~.storage_boundaries.StorageBoundaries`
 revision it moves to (:func:`_revision_before_write`, :func:`_record_write`), and
 ``_ReplayBoundaryIndex`` asks the entry's index for what it has not cached
 (:func:`_indexed_boundaries`). Before TorchRL 0.14 the cache and its lock are the
-backport's (:mod:`torchrl_fixes.mutation_revision`).
+backport's (:mod:`torchrl_fixes.fixes.slice_boundary_index.mutation_revision`).
 """
 from __future__ import annotations
 
@@ -20,11 +20,11 @@ try:
         _REPLAY_BOUNDARY_CACHE_LOCK,
     )
 except ImportError:  # TorchRL before 0.14
-    from torchrl_fixes.mutation_revision import (
+    from torchrl_fixes.fixes.slice_boundary_index.mutation_revision import (
         _REPLAY_BOUNDARY_CACHE,
         _REPLAY_BOUNDARY_CACHE_LOCK,
     )
-from torchrl_fixes.storage_boundaries import (
+from torchrl_fixes.fixes.slice_boundary_index.storage_boundaries import (
     _capacity_along_dim0,
     _check_agreements,
     _geometry,

@@ -4,7 +4,7 @@ From TorchRL 0.14 on, a storage counts its mutations (``Storage._mutation_revisi
 moved by ``_bump_mutation_revision()`` in every write path and shared with spawned
 processes) and keeps recovered trajectory boundaries in
 ``torchrl.data.replay_buffers.utils._REPLAY_BOUNDARY_CACHE``. The slice boundary
-index is built on both (:mod:`torchrl_fixes.storage_boundaries`). On 0.8 to 0.13
+index is built on both (:mod:`torchrl_fixes.fixes.slice_boundary_index.storage_boundaries`). On 0.8 to 0.13
 the fix installs this module's equivalents, so that the index is the same code on
 every release:
 
@@ -48,21 +48,40 @@ _UNKNOWN_REVISIONS = itertools.count(-1, -1)
 # The statements TorchRL 0.14 runs in each write path, by file and method (the
 # layout of INLINE_HOOKS in torchrl_fixes.fixes.slice_boundary_index).
 MUTATION_REVISION_HOOKS = {
-    ("storages/tensor.py", "TensorStorage.__init__"): ((), ("_attach_write_count(self)",)),
-    ("storages/tensor.py", "TensorStorage.set"): ((), ("self._bump_mutation_revision()",)),
-    ("storages/tensor.py", "TensorStorage._empty"): ((), ("self._bump_mutation_revision()",)),
-    ("storages/tensor.py", "TensorStorage.load_state_dict"): ((), ("self._bump_mutation_revision()",)),
+    ("storages/tensor.py", "TensorStorage.__init__"): (
+        (),
+        ("_attach_write_count(self)",),
+    ),
+    ("storages/tensor.py", "TensorStorage.set"): (
+        (),
+        ("self._bump_mutation_revision()",),
+    ),
+    ("storages/tensor.py", "TensorStorage._empty"): (
+        (),
+        ("self._bump_mutation_revision()",),
+    ),
+    ("storages/tensor.py", "TensorStorage.load_state_dict"): (
+        (),
+        ("self._bump_mutation_revision()",),
+    ),
     ("storages/tensor.py", "LazyMemmapStorage.load_state_dict"): (
         (),
         ("self._bump_mutation_revision()",),
     ),
     ("storages/base.py", "Storage.loads"): ((), ("self._bump_mutation_revision()",)),
-    ("replay_buffers/base.py", "ReplayBuffer.set_"): ((), ("self._storage._bump_mutation_revision()",)),
-    ("replay_buffers/base.py", "ReplayBuffer.set_at_"): ((), ("self._storage._bump_mutation_revision()",)),
-    ("replay_buffers/base.py", "ReplayBuffer.update_"): ((), ("self._storage._bump_mutation_revision()",)),
+    ("replay_buffers/base.py", "ReplayBuffer.set_"): (
+        (),
+        ("self._storage._bump_mutation_revision()",),
+    ),
+    ("replay_buffers/base.py", "ReplayBuffer.set_at_"): (
+        (),
+        ("self._storage._bump_mutation_revision()",),
+    ),
+    ("replay_buffers/base.py", "ReplayBuffer.update_"): (
+        (),
+        ("self._storage._bump_mutation_revision()",),
+    ),
 }
-
-
 
 
 @functools.cache
@@ -139,7 +158,9 @@ def unseen_writes_reason(storage) -> str | None:
     if count is not None and count.late and data is not None:
         is_memmap = getattr(data, "is_memmap", None)
         is_shared = getattr(data, "is_shared", None)
-        if (is_memmap is not None and is_memmap()) or (is_shared is not None and is_shared()):
+        if (is_memmap is not None and is_memmap()) or (
+            is_shared is not None and is_shared()
+        ):
             return "storage shared between processes, built before the fix was applied"
     return None
 

@@ -79,7 +79,12 @@ from torchrl_fixes import (
     storage_boundaries,
 )
 from torchrl_fixes.mutation_revision import MUTATION_REVISION_HOOKS
-from torchrl_fixes._core.patching import Replacement, derive_from_source, wrap_with_statements
+from torchrl_fixes._core.patching import (
+    Replacement,
+    defining_class,
+    derive_from_source,
+    wrap_with_statements,
+)
 from torchrl_fixes._core.errors import TargetChanged
 from torchrl_fixes._core.registry import Fix, stock_function
 from torchrl_fixes.slice_boundaries import _classes_fallback_reason, boundary_source
@@ -234,8 +239,7 @@ class SliceBoundaryIndex(Fix):
         signature = inspect.signature(stock)
         if list(signature.parameters) != ["self", "storage", "fallback"]:
             raise TargetChanged("SliceSampler._get_stop_and_length has another signature")
-        set_owner = next(k for k in TensorStorage.__mro__ if "set" in vars(k))
-        if set_owner is not TensorStorage:
+        if defining_class(TensorStorage, "set") is not TensorStorage:
             raise TargetChanged("TensorStorage.set is not defined on TensorStorage")
         if "traj_key" not in inspect.signature(vars(SliceSampler)["__init__"]).parameters:
             raise TargetChanged("SliceSampler.__init__ takes no traj_key")

@@ -9,6 +9,7 @@ constructed stages (:func:`findings_from`).
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import random
 import sys
@@ -388,6 +389,35 @@ def test_unknown_layouts_and_bad_arguments_are_refused():
     with pytest.raises(ValueError, match="batch_size"):
         diagnose_function(no_batch)
     assert diagnose_function(no_batch, batch_size=2, samples=1).buffer["batch_size"] == 2
+
+
+@pytest.mark.parametrize("fixes", ["applied", "disabled"])
+def test_info_stage_of_a_sample_not_known_is_not_measured(monkeypatch, fixes):
+    """A TensorDictReplayBuffer.sample of other code may write the info otherwise: not timed, and said why."""
+    rb = _buffer("random")
+    original = TensorDictReplayBuffer.sample
+
+    def sample(self, *args, **kwargs):  # not TorchRL's code, nor the fix's edit of it
+        return original(self, *args, **kwargs)
+
+    # the fix's own replacement is left in place outside this block
+    with torchrl_fixes.disabled() if fixes == "disabled" else contextlib.nullcontext():
+        assert "info" in diagnose_function(rb, samples=1).stages
+        with monkeypatch.context() as patch:
+            patch.setattr(TensorDictReplayBuffer, "sample", sample)
+            report = diagnose_function(rb, samples=1)
+    assert "info" not in report.stages
+    reason = report.not_measured["info"]
+    assert reason.startswith("TensorDictReplayBuffer.sample is not code diagnose knows")
+    assert reason in str(report)
+
+    class OwnSample(TensorDictReplayBuffer):
+        def sample(self, *args, **kwargs):
+            return super().sample(*args, **kwargs)
+
+    report = diagnose_function(_buffer("random", cls=OwnSample), samples=1)
+    assert "info" not in report.stages
+    assert report.not_measured["info"].startswith("OwnSample.sample is not TensorDictReplayBuffer's")
 
 
 def test_png(tmp_path):

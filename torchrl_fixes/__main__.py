@@ -17,6 +17,10 @@ import logging
 import os
 import sys
 
+import torchrl_fixes
+from torchrl_fixes import launcher
+from torchrl_fixes.diagnose import demo_buffer
+
 # Commands that moved to the repository's development tooling.
 DEVTOOLS = {
     "bench": "time stock against patched TorchRL",
@@ -107,8 +111,6 @@ def _diagnose(args, prog: str) -> int:
         except ImportError:
             print(f"{prog} diagnose: --png needs matplotlib (pip install matplotlib)", file=sys.stderr)
             return 2
-    import torchrl_fixes
-    from torchrl_fixes.diagnose import demo_buffer
 
     # TorchRL logs the storage's initialisation to stdout: not part of the report (or its JSON)
     torchrl_logger = logging.getLogger("torchrl")
@@ -140,16 +142,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         return _run(args.run_parser, args.program)
     if args.command == "diagnose":
         return _diagnose(args, prog)
-
-    import torchrl_fixes
-
     print(torchrl_fixes.status())
     return 0
 
 
 def _run(run: argparse.ArgumentParser, program: list[str]) -> int:
-    from torchrl_fixes import launcher
-
     if program[:1] == ["--"]:  # REMAINDER keeps the separator
         program = program[1:]
     try:

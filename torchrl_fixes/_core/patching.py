@@ -63,34 +63,37 @@ def _own_attribute(owner: Any, name: str) -> Any:
     return vars(owner).get(name, _MISSING)
 
 
-def defining_class(cls: type, name: str) -> type | None:
-    """The first class in ``cls``'s MRO that defines ``name`` itself (``None``: none does).
-
-    Examples:
-        >>> class Base:
-        ...     def run(self):
-        ...         pass
-        >>> class Child(Base):
-        ...     pass
-        >>> defining_class(Child, "run") is Base, defining_class(Child, "missing")
-        (True, None)
-    """
-    return next((klass for klass in cls.__mro__ if name in vars(klass)), None)
-
-
 def class_attribute(owner: Any, name: str) -> Any:
     """``owner.name`` as stored: for a class, the raw entry of the first class in its MRO
     that defines it (a ``staticmethod`` object, not the function it wraps); for a
     module, the attribute itself."""
     if not isinstance(owner, type):
         return getattr(owner, name)
-    return _stored_in(owner.__mro__, owner, name)
+    return vars(defining_class(owner, name))[name]
 
 
-def _stored_in(classes: tuple[type, ...], owner: type, name: str) -> Any:
+def defining_class(cls: type, name: str) -> type:
+    """The first class in ``cls``'s MRO that defines ``name`` itself (in its ``__dict__``).
+
+    Raises:
+        AttributeError: no class in the MRO defines ``name``.
+
+    Examples:
+        >>> class Base:
+        ...     def f(self):
+        ...         pass
+        >>> class Child(Base):
+        ...     pass
+        >>> defining_class(Child, "f") is Base
+        True
+    """
+    return _first_defining(cls.__mro__, cls, name)
+
+
+def _first_defining(classes: tuple[type, ...], owner: type, name: str) -> type:
     for klass in classes:
         if name in vars(klass):
-            return vars(klass)[name]
+            return klass
     raise AttributeError(f"{owner.__qualname__} has no attribute {name!r}")
 
 
@@ -192,7 +195,34 @@ def get_original(owner: Any, name: str) -> Any:
         if record.original is not _MISSING:
             return record.original
     # Inherited before the patch: the original is what lookup finds past the owner.
-    return _stored_in(owner.__mro__[1:], owner, name)
+    return vars(_first_defining(owner.__mro__[1:], owner, name))[name]
+
+
+def installed_replacement(owner: Any, name: str) -> Any:
+    """The object a fix put at ``owner.name``, while it is still there; None otherwise.
+
+    None when no fix replaced the attribute, and when something else was set over
+    the fix's object since (``owner.name`` then runs neither the fix nor the original).
+
+    Args:
+        owner (module, type or str): the module or class, or its dotted path.
+        name (str): the attribute name.
+
+    Examples:
+        >>> import torchrl_fixes
+        >>> from torchrl.data import TensorDictReplayBuffer
+        >>> installed = installed_replacement(TensorDictReplayBuffer, "sample")
+        >>> installed is vars(TensorDictReplayBuffer)["sample"]
+        True
+        >>> installed_replacement(TensorDictReplayBuffer, "no_such_attribute") is None
+        True
+    """
+    owner = resolve_path(owner)
+    with _lock:
+        record = _active.get((id(owner), name))
+        if record is None or _own_attribute(owner, name) is not record.replacement.new:
+            return None
+        return record.replacement.new
 
 
 _wrapper_serial = itertools.count()

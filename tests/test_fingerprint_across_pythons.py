@@ -18,8 +18,7 @@ import pytest
 
 import torchrl_fixes
 from torchrl_fixes._core.source_fingerprint import source_fingerprint
-from torchrl_fixes.fixes.pinned_sample_output import PinnedSampleOutput
-from torchrl_fixes.fixes.single_gather import SingleGather
+from torchrl_fixes.fixes import ALL_FIXES
 
 MODULE = Path(torchrl_fixes.__file__).parent / "_core" / "source_fingerprint.py"
 PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
@@ -36,18 +35,14 @@ print(json.dumps({{name: module.fingerprint_source(text) for name, text in sourc
 
 
 def _stock_targets():
-    from torchrl.data.replay_buffers import TensorDictReplayBuffer, utils
-
+    """Every target every fix declares that the installed TorchRL has, by fix and path."""
     with torchrl_fixes.disabled():
-        targets = {
-            "pin_memory_output": utils.pin_memory_output,
-            "_pin_memory": utils._pin_memory,
-            "TensorDictReplayBuffer.sample": TensorDictReplayBuffer.sample,
+        return {
+            f"{fix.name} {target.path}": target.stock()
+            for fix in ALL_FIXES
+            for target in fix.implements
+            if target.stock() is not None
         }
-        for path, func in SingleGather().stock_targets().items():
-            if func is not None:
-                targets[f"single_gather {path}"] = func
-    return targets
 
 
 def _interpreter(version: str) -> list[str] | None:
@@ -65,13 +60,18 @@ def _pyenv_version(version: str) -> str | None:
     return found[-1] if found else None
 
 
-def test_stored_fingerprints_match_the_installed_targets():
-    """This Python computes the fingerprints the fix stores, for the installed TorchRL."""
-    stored = dict(PinnedSampleOutput.stock_fingerprints)
-    for path, fingerprints in SingleGather.known_fingerprints().items():
-        stored[f"single_gather {path}"] = fingerprints
-    for name, func in _stock_targets().items():
-        assert source_fingerprint(func) in stored[name], name
+def test_installed_targets_are_declared_codes():
+    """This Python computes, for each target of the installed TorchRL, a fingerprint its
+    fix declares (Target.stock() would raise otherwise); the required ones are all here."""
+    targets = _stock_targets()
+    for fix in ALL_FIXES:
+        for target in fix.implements:
+            if not target.optional:
+                assert f"{fix.name} {target.path}" in targets
+    for name, func in targets.items():
+        fix_name, path = name.split(" ")
+        fix = next(f for f in ALL_FIXES if f.name == fix_name)
+        assert source_fingerprint(func) in fix.target(path).seen, name
 
 
 @pytest.mark.parametrize("version", PYTHONS)

@@ -5,6 +5,8 @@
   header renders it.
 - The memory ``--full`` needs: :func:`conformance.speed_sizes.memory_for_scale`, which
   ``python -m devtools bench``, pytest's ``--slice-scale`` help and the README state.
+- What each fix patches: the fix's ``implements`` declaration, which its plan checks
+  and the README's table renders.
 - The runtime package: every module of ``torchrl_fixes`` imports without the test
   suite and without ``devtools/``.
 """
@@ -19,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from conformance.speed_sizes import GiB, fills_added, memory_for_scale, scenarios_added
+from torchrl_fixes._core.registry import targets_table
 from torchrl_fixes.fixes import ALL_FIXES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,3 +104,8 @@ def test_every_runtime_module_imports_without_the_suite():
     )
     assert run.returncode == 0, run.stderr
     assert int(run.stdout.split()[-1]) >= 10
+
+
+def test_readme_targets_table_is_the_declarations():
+    """The README's table of what each fix patches is written from the fixes' declarations."""
+    assert targets_table(ALL_FIXES) in README

@@ -16,7 +16,8 @@ from torchrl_fixes import (
 )
 from torchrl_fixes._core.errors import TargetChanged
 from torchrl_fixes._core.patching import Replacement
-from torchrl_fixes._core.registry import Fix, Registry
+from torchrl_fixes._core.registry import Fix, Registry, Target
+from torchrl_fixes._core.source_fingerprint import source_fingerprint
 
 TORCHRL = Version("1.4.2")
 TENSORDICT = Version("7.0.1")
@@ -496,3 +497,33 @@ def test_get_original_returns_stored_attributes_patched_or_not(fake_versions, re
     registry.activate()
     assert Child.convert(3) == -3
     assert get_original(Child, "convert") is stored
+
+
+def test_target_checks_the_declared_codes(make_module):
+    """A Target returns the stored function when its fingerprint is declared, raises
+    TargetChanged when it is not or the function is missing, and answers None for a
+    missing optional target."""
+    module = make_module(helper=_stock_helper)
+    known = {source_fingerprint(_stock_helper): "1.4"}
+    assert Target(module.__name__, "helper", known, installs="replaced").stock() is _stock_helper
+    with pytest.raises(TargetChanged, match="helper is not the code this fix replaces"):
+        Target(module.__name__, "helper", {"0" * 16: "1.3"}, installs="replaced").stock()
+    with pytest.raises(TargetChanged, match="gone is missing"):
+        Target(module.__name__, "gone", known, installs="replaced").stock()
+    assert Target(module.__name__, "gone", known, installs="replaced", optional=True).stock() is None
+    assert (
+        Target(f"{module.__name__}.NoSuchClass", "run", known, installs="-", optional=True).stock()
+        is None
+    )
+
+
+def test_fix_finds_its_declared_targets_by_path(make_module):
+    module = make_module(helper=_stock_helper)
+    target = Target(
+        module.__name__, "helper", {source_fingerprint(_stock_helper): "1.4"}, installs="replaced"
+    )
+    fix = type("Declared", (Fix,), {"name": "declared", "implements": (target,)})()
+    assert fix.target(target.path) is target
+    assert fix.stock(target.path) is _stock_helper
+    with pytest.raises(KeyError, match="declares no target"):
+        fix.target("Other.name")

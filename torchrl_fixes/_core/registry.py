@@ -1,7 +1,8 @@
 """The fixes torchrl_fixes knows, and turning them on and off.
 
-The shape follows OpenTelemetry's ``BaseInstrumentor``: every fix declares the
-TorchRL releases it supports and the objects it replaces; applying and removing
+The shape follows OpenTelemetry's ``BaseInstrumentor`` and gevent's ``__implements__``:
+every fix declares, once, the stock functions it replaces or relies on and the codes
+of them it knows (:class:`Target`, in :attr:`Fix.implements`); applying and removing
 it are idempotent; a fix that cannot apply cleanly is skipped with a warning that
 says why, and is never left half-applied.
 """
@@ -14,7 +15,7 @@ import logging
 import threading
 import types
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Collection, Iterator, Sequence
+from typing import Any, Callable, ClassVar, Collection, Iterator, Mapping, Sequence
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
@@ -72,6 +73,82 @@ def stock_function(owner: Any, name: str, fingerprints: Collection[str]) -> type
     return func
 
 
+@dataclass(frozen=True)
+class Target:
+    """A stock function a fix replaces or relies on: where it is, the codes of it the fix
+    knows, and what the fix puts there (gevent's ``__implements__``, one entry).
+
+    Each fix declares its targets once, in :attr:`Fix.implements`; its plan gets
+    them checked through :meth:`Fix.stock`, and the tests and the docs read the same
+    entries.
+
+    Args:
+        owner (str): the dotted path of the class or module that stores the function.
+        name (str): the attribute name.
+        seen (dict): each fingerprint of the stock code the fix knows
+            (:func:`source_fingerprint`) -> the TorchRL releases it was seen in.
+        installs (str): what the fix puts there, or how it uses the code.
+        optional (bool, optional): the function is missing from some releases the fix
+            supports; it is checked where it exists. Defaults to ``False``.
+
+    Examples:
+        >>> target = Target(
+        ...     "torchrl.data.replay_buffers.utils", "_pin_memory", {"fe2edbb01bceb61d": "0.8.1 to 0.14.1"},
+        ...     installs="relied on unchanged")
+        >>> target.path, target.stock() is not None
+        ('utils._pin_memory', True)
+    """
+
+    owner: str
+    name: str
+    seen: Mapping[str, str]
+    installs: str
+    optional: bool = False
+
+    @property
+    def path(self) -> str:
+        """``Owner.name``, the owner by its last dotted part."""
+        return f"{self.owner.rpartition('.')[2]}.{self.name}"
+
+    def stock(self) -> types.FunctionType | None:
+        """The installed function, checked by :func:`stock_function` against :attr:`seen`.
+
+        ``None`` where an optional target is missing.
+
+        Raises:
+            TargetChanged: the owner or the function is missing (and not optional), or
+                the function is not one of the codes the fix knows.
+        """
+        try:
+            owner = patching.resolve_path(self.owner)
+        except (ImportError, AttributeError) as err:
+            if self.optional:
+                return None
+            raise TargetChanged(f"{self.owner} is missing") from err
+        stored = vars(owner).get(self.name) if isinstance(owner, type) else getattr(owner, self.name, None)
+        if stored is None and self.optional:
+            return None
+        return stock_function(owner, self.name, self.seen)
+
+
+def targets_table(fixes: Sequence[Fix]) -> str:
+    """The targets ``fixes`` declare (:attr:`Fix.implements`), as a Markdown table.
+
+    One row per target: the fix, the stock function, the releases each code of it the
+    fix knows was seen in, and what the fix puts there.
+    """
+    rows = ["| fix | stock function | codes known (releases) | what the fix puts there |"]
+    rows.append("| --- | --- | --- | --- |")
+    for fix in fixes:
+        for target in fix.implements:
+            seen = "; ".join(target.seen.values())
+            optional = " (where present)" if target.optional else ""
+            rows.append(
+                f"| `{fix.name}` | `{target.path}`{optional} | {seen} | {target.installs} |"
+            )
+    return "\n".join(rows)
+
+
 class Fix:
     """Base class of a fix.
 
@@ -88,7 +165,9 @@ class Fix:
             the fingerprints of the stock code it finds (:func:`stock_function`), so
             a release of unknown version or outside the range gets what its code
             allows.
-        targets (tuple of str): dotted paths of what the fix replaces, for status and docs.
+        implements (tuple of Target): every stock function the fix replaces or relies on,
+            with the codes of it the fix knows: the one declaration its plan, the
+            tests and the docs read.
         stock_classes (tuple of str): dotted paths of the classes whose instances,
             when built inside :func:`disabled`, keep running stock code afterwards.
         fallbacks (str): the configurations an applied fix leaves to stock code, if any.
@@ -101,7 +180,7 @@ class Fix:
     summary: ClassVar[str]
     upstream_issue: ClassVar[str]
     torchrl_versions: ClassVar[SpecifierSet]
-    targets: ClassVar[tuple[str, ...]] = ()
+    implements: ClassVar[tuple[Target, ...]] = ()
     stock_classes: ClassVar[tuple[str, ...]] = ()
     fallbacks: ClassVar[str] = ""
     release_fallbacks: ClassVar[str] = ""
@@ -109,6 +188,18 @@ class Fix:
     def all_fallbacks(self) -> str:
         """:attr:`fallbacks`, then :attr:`release_fallbacks`: what ``status()`` lists."""
         return "; ".join(text for text in (self.fallbacks, self.release_fallbacks) if text)
+
+    @classmethod
+    def target(cls, path: str) -> Target:
+        """The :class:`Target` of :attr:`implements` at ``path`` (``Owner.name``)."""
+        for target in cls.implements:
+            if target.path == path:
+                return target
+        raise KeyError(f"{cls.__name__} declares no target {path!r}")
+
+    def stock(self, path: str) -> types.FunctionType | None:
+        """The installed function of target ``path``, checked (see :meth:`Target.stock`)."""
+        return self.target(path).stock()
 
     def plan(self) -> list[Replacement]:
         """The replacements that apply this fix to the installed TorchRL.

@@ -38,7 +38,7 @@ from torchrl_fixes.fixes.pinned_sample_output import (
 # The ``TensorDictReplayBuffer.sample`` code whose writing of the info entries
 # :func:`_write_info` reproduces: the stock variants pinned_sample_output knows
 # (and edits), by fingerprint.
-KNOWN_SAMPLE_FINGERPRINTS = PinnedSampleOutput.stock_fingerprints["TensorDictReplayBuffer.sample"]
+SAMPLE_TARGET = PinnedSampleOutput.target("TensorDictReplayBuffer.sample")
 
 
 def _accelerator_available() -> bool:
@@ -145,7 +145,7 @@ def _info_code_unknown(buffer) -> str | None:
     if installed_replacement(TensorDictReplayBuffer, "sample") is not None:
         return None  # pinned_sample_output's, built from stock code its fingerprints gate
     try:
-        stock_function(TensorDictReplayBuffer, "sample", KNOWN_SAMPLE_FINGERPRINTS)
+        stock_function(TensorDictReplayBuffer, "sample", SAMPLE_TARGET.seen)
     except (TargetChanged, OSError, TypeError):  # OSError, TypeError: no source to fingerprint
         return (
             "TensorDictReplayBuffer.sample is not code diagnose knows (changed upstream, or "

@@ -35,7 +35,7 @@ from tensordict import is_tensor_collection
 
 from torchrl_fixes._core.patching import Replacement, derive_from_source
 from torchrl_fixes._core.errors import TargetChanged
-from torchrl_fixes._core.registry import Fix, stock_function
+from torchrl_fixes._core.registry import Fix, Target
 from torchrl_fixes._core.warning_categories import PinMemoryUnavailableWarning, warn_at_caller
 
 try:
@@ -214,40 +214,40 @@ class PinnedSampleOutput(Fix):
     )
     upstream_issue = "https://github.com/pytorch/rl/issues/2404"
     torchrl_versions = SpecifierSet(">=0.8")
-    targets = (
-        "torchrl.data.replay_buffers.utils.pin_memory_output",
-        "torchrl.data.replay_buffers.TensorDictReplayBuffer.sample",
-        "every TorchRL replay buffer method decorated with pin_memory_output "
-        "(ReplayBuffer._sample, ReplayBuffer.__getitem__, TensorDictReplayBuffer._sample, ...)",
-    )
     stock_classes = ("torchrl.data.replay_buffers.ReplayBuffer",)
-
-    # Fingerprints of the stock code this fix was written against: 0.8.1 to 0.14.1,
-    # and torchrl-nightly 2026.10.27 (TorchRL main), where only
-    # TensorDictReplayBuffer.sample differs.
-    stock_fingerprints = {
-        "pin_memory_output": {"00f217e53bcd60d6"},  # 0.8.1 to 0.14.1, nightly 2026.10.27
-        "_pin_memory": {"fe2edbb01bceb61d"},  # 0.8.1 to 0.14.1, nightly 2026.10.27
-        "TensorDictReplayBuffer.sample": {
-            "9a37d14fcca085fb",  # 0.8.1: include_info's annotation
-            "1586db08ca9d097b",  # 0.9.2 to 0.14.1
-            "4a887fcaecbdef89",  # nightly 2026.10.27: wait, timeout, cancel_event
-        },
-    }
+    implements = (
+        Target(
+            "torchrl.data.replay_buffers.utils",
+            "pin_memory_output",
+            {"00f217e53bcd60d6": "0.8.1 to 0.14.1, torchrl-nightly 2026.10.27"},
+            installs="replaced, and every TorchRL replay buffer method it decorates "
+            "(ReplayBuffer._sample, ReplayBuffer.__getitem__, TensorDictReplayBuffer._sample, "
+            "...) decorated again by the replacement",
+        ),
+        Target(
+            "torchrl.data.replay_buffers.utils",
+            "_pin_memory",
+            {"fe2edbb01bceb61d": "0.8.1 to 0.14.1, torchrl-nightly 2026.10.27"},
+            installs="relied on unchanged: the replacement pins through it",
+        ),
+        Target(
+            "torchrl.data.replay_buffers.TensorDictReplayBuffer",
+            "sample",
+            {
+                "9a37d14fcca085fb": "0.8.1 (include_info's annotation)",
+                "1586db08ca9d097b": "0.9.2 to 0.14.1",
+                "4a887fcaecbdef89": "torchrl-nightly 2026.10.27 (wait, timeout, cancel_event)",
+            },
+            installs="its own source, with the info entries written before pinning",
+        ),
+    )
 
     def plan(self) -> list[Replacement]:
         if _IMPORT_ERROR is not None:
             raise TargetChanged(f"cannot import TorchRL's replay buffer utilities ({_IMPORT_ERROR})")
         from torchrl.data.replay_buffers import ReplayBuffer, TensorDictReplayBuffer
 
-        stock = {
-            path: stock_function(owner, path.rpartition(".")[2], self.stock_fingerprints[path])
-            for owner, path in (
-                (_rb_utils, "pin_memory_output"),
-                (_rb_utils, "_pin_memory"),
-                (TensorDictReplayBuffer, "TensorDictReplayBuffer.sample"),
-            )
-        }
+        stock = {target.path: target.stock() for target in self.implements}
         sample = _tensordict_replay_buffer_sample(stock["TensorDictReplayBuffer.sample"])
         stock_code = _rb_utils.pin_memory_output(lambda self: None).__code__
 

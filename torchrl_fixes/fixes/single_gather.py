@@ -41,8 +41,11 @@ from tensordict.utils import NestedKey
 
 from torchrl_fixes._core.errors import TargetChanged
 from torchrl_fixes._core.patching import derive_from_source, Replacement
-from torchrl_fixes._core.registry import Fix, stock_function
+from torchrl_fixes._core.registry import Fix, Target
 from torchrl_fixes._core.source_fingerprint import source_fingerprint
+
+_SAMPLERS = "torchrl.data.replay_buffers.samplers"
+_STORAGES = "torchrl.data.replay_buffers.storages"
 
 try:
     from torchrl._utils import _replace_last
@@ -333,6 +336,14 @@ GET_INDEX_EDITS_0_11 = (
 )
 # PrioritizedSliceSampler.sample reads the truncation info as 0.8-0.12's _get_index does.
 PRIORITIZED_SAMPLE_EDITS = GET_INDEX_EDITS_0_11
+# The edits that make the fix of each stock info builder (SingleGather.implements), by
+# its fingerprint.
+INFO_BUILDER_EDITS = {
+    "e4c6482012fecc92": FINALIZE_INDEX_EDITS,
+    "dec80b91b8a93985": FINALIZE_INDEX_EDITS_0_14,
+    "1a637a5ac58f793b": GET_INDEX_EDITS_0_13,
+    "39dfa19478982190": GET_INDEX_EDITS_0_11,
+}
 
 
 class SingleGather(Fix):
@@ -345,12 +356,6 @@ class SingleGather(Fix):
     )
     upstream_issue = "https://github.com/pytorch/rl/issues/2422"
     torchrl_versions = SpecifierSet(">=0.8")
-    targets = (
-        "torchrl.data.replay_buffers.samplers.SliceSampler._finalize_index (TorchRL 0.14, main)",
-        "torchrl.data.replay_buffers.samplers.SliceSampler._get_index (TorchRL 0.8 to 0.13)",
-        "torchrl.data.replay_buffers.samplers.PrioritizedSliceSampler.sample",
-        "torchrl.data.replay_buffers.samplers.StreamingSliceSampler.mark_update (TorchRL 0.14, main)",
-    )
     stock_classes = ("torchrl.data.replay_buffers.samplers.SliceSampler",)
     # The one list of what runs stock code: status(), the README and the upstream
     # patch's header show this text.
@@ -358,158 +363,123 @@ class SingleGather(Fix):
         "storages other than a TensorStorage holding a TensorDict (lists, tensorclasses, "
         "storages that override get): the sampler reads the full rows"
     )
-
-    # The method that builds the slice info, by release: (its name, its stock
-    # fingerprint, the stock fingerprint of the _maybe_emit_init_marker it calls
-    # or None where there is none, the edits that make the fix of its source).
-    variants = (
-        # torchrl-nightly 2026.10.27 (TorchRL main): the batch_time layout
-        (
+    implements = (
+        Target(
+            _SAMPLERS + ".SliceSampler",
             "_finalize_index",
-            "e4c6482012fecc92",
-            "c6ecacb2f419f943",
-            FINALIZE_INDEX_EDITS,
+            {
+                "e4c6482012fecc92": "torchrl-nightly 2026.10.27 (the batch_time layout)",
+                "dec80b91b8a93985": "0.14.1",
+            },
+            installs="its own source with its reads of full rows edited "
+            "(FINALIZE_INDEX_EDITS): the info builder from 0.14 on",
+            optional=True,
         ),
-        (
-            "_finalize_index",
-            "dec80b91b8a93985",
-            "c6ecacb2f419f943",
-            FINALIZE_INDEX_EDITS_0_14,
-        ),  # 0.14.1
-        (
+        Target(
+            _SAMPLERS + ".SliceSampler",
             "_get_index",
-            "1a637a5ac58f793b",
-            "60f5ba7223d77b67",
-            GET_INDEX_EDITS_0_13,
-        ),  # 0.13.3
-        (
-            "_get_index",
-            "39dfa19478982190",
-            None,
-            GET_INDEX_EDITS_0_11,
-        ),  # 0.8.1 to 0.12.0
+            {
+                "39dfa19478982190": "0.8.1 to 0.12.0",
+                "1a637a5ac58f793b": "0.13.3",
+                "10c186eaae9cadc6": "0.14.1",
+                "b7df82aa70400609": "torchrl-nightly 2026.10.27",
+            },
+            installs="before 0.14 the info builder, its own source with its reads of "
+            "full rows edited (GET_INDEX_EDITS_*); from 0.14 on relied on unchanged "
+            "(it hands the index to _finalize_index)",
+        ),
+        Target(
+            _SAMPLERS + ".SliceSampler",
+            "_maybe_emit_init_marker",
+            {
+                "60f5ba7223d77b67": "0.13.3",
+                "c6ecacb2f419f943": "0.14.1, torchrl-nightly",
+            },
+            installs="relied on unchanged: the info builder calls it (from 0.13 on)",
+            optional=True,
+        ),
+        Target(
+            _SAMPLERS + ".PrioritizedSliceSampler",
+            "sample",
+            {
+                "e00622f608a4f293": "0.8.1 to 0.10.1 (the weight under _weight)",
+                "3575e5dafe82cf9b": "0.11.1 to 0.14.1, torchrl-nightly 2026.10.27",
+            },
+            installs="its own source with its one read of full rows edited "
+            "(PRIORITIZED_SAMPLE_EDITS)",
+        ),
+        Target(
+            _SAMPLERS + ".StreamingSliceSampler",
+            "mark_update",
+            {"fabeecdca4cce902": "0.14.1, torchrl-nightly 2026.10.27 (new in 0.14)"},
+            installs="its own source reading only the entries of the written rows it uses",
+            optional=True,
+        ),
+        # How a tensor storage reads rows, which the replacements rely on unchanged.
+        Target(
+            _STORAGES + ".TensorStorage",
+            "get",
+            {
+                "a50cd0cd6cd897ab": "0.8.1 to 0.10.1",
+                "2861b0fdf9cf5c02": "0.11.1 to 0.14.1, torchrl-nightly 2026.10.27 "
+                "(a shared storage's initialization awaited first)",
+            },
+            installs="relied on unchanged: _read_entries reads as it does",
+        ),
+        Target(
+            _STORAGES + ".LazyTensorStorage",
+            "get",
+            {"a28643a6eb0a3753": "0.11.1 to 0.14.1, torchrl-nightly 2026.10.27"},
+            installs="relied on unchanged (inherited from TensorStorage before 0.11)",
+            optional=True,
+        ),
+        Target(
+            _STORAGES + ".LazyMemmapStorage",
+            "get",
+            {
+                "3856e6653d2573b2": "0.8.1 to 0.10.1",
+                "27722ae56ca23976": "0.11.1 to 0.14.1, torchrl-nightly 2026.10.27",
+            },
+            installs="relied on unchanged: _read_entries reads as it does",
+        ),
     )
-    # Stock code the replacements rely on without replacing it: how a tensor
-    # storage reads rows. 0.11 on wait for a shared storage's initialization
-    # first; before 0.11 LazyTensorStorage inherits TensorStorage.get.
-    read_fingerprints = {
-        "TensorStorage.get": {
-            "a50cd0cd6cd897ab",  # 0.8.1 to 0.10.1
-            "2861b0fdf9cf5c02",  # 0.11.1 to 0.14.1, torchrl-nightly 2026.10.27
-        },
-        "LazyTensorStorage.get": {"a28643a6eb0a3753"},  # 0.11.1 on
-        "LazyMemmapStorage.get": {
-            "3856e6653d2573b2",  # 0.8.1 to 0.10.1
-            "27722ae56ca23976",  # 0.11.1 to 0.14.1, torchrl-nightly 2026.10.27
-        },
-    }
-    # PrioritizedSliceSampler.sample, whose info weight key is "_weight" before 0.11
-    # and "priority_weight" from 0.11 on.
-    prioritized_fingerprints = {
-        "e00622f608a4f293",  # 0.8.1 to 0.10.1
-        "3575e5dafe82cf9b",  # 0.11.1 to 0.14.1, torchrl-nightly 2026.10.27
-    }
-    # StreamingSliceSampler.mark_update: 0.14.1, torchrl-nightly 2026.10.27 (the
-    # class is new in 0.14).
-    streaming_fingerprints = {"fabeecdca4cce902"}
-
-    @classmethod
-    def known_fingerprints(cls) -> dict[str, set[str]]:
-        """Target path -> the stock fingerprints this fix knows, over every supported release."""
-        known: dict[str, set[str]] = {}
-        for name, fingerprint, marker, _ in cls.variants:
-            known.setdefault(f"SliceSampler.{name}", set()).add(fingerprint)
-            if marker is not None:
-                known.setdefault("SliceSampler._maybe_emit_init_marker", set()).add(
-                    marker
-                )
-        known["PrioritizedSliceSampler.sample"] = set(cls.prioritized_fingerprints)
-        known["StreamingSliceSampler.mark_update"] = set(cls.streaming_fingerprints)
-        for path, fingerprints in cls.read_fingerprints.items():
-            known[path] = set(fingerprints)
-        return known
-
-    @staticmethod
-    def _info_builder() -> str:
-        # TorchRL 0.14 and main build the info in _finalize_index, 0.8 to 0.13 in _get_index.
-        return (
-            "_finalize_index"
-            if "_finalize_index" in vars(SliceSampler)
-            else "_get_index"
-        )
-
-    def stock_targets(self) -> dict[str, types.FunctionType | None]:
-        """The installed functions this fix replaces or relies on, by path (``None`` where missing)."""
-        if _IMPORT_ERROR is not None:
-            raise TargetChanged(
-                f"cannot import TorchRL's slice samplers ({_IMPORT_ERROR})"
-            )
-        builder = self._info_builder()
-        targets = {}
-        for owner, name in (
-            (SliceSampler, builder),
-            (SliceSampler, "_maybe_emit_init_marker"),
-            (PrioritizedSliceSampler, "sample"),
-            (StreamingSliceSampler, "mark_update"),
-            (TensorStorage, "get"),
-            (LazyTensorStorage, "get"),
-            (LazyMemmapStorage, "get"),
-        ):
-            if owner is None:  # StreamingSliceSampler before TorchRL 0.14
-                continue
-            func = vars(owner).get(name)
-            targets[f"{owner.__name__}.{name}"] = (
-                func if isinstance(func, types.FunctionType) else None
-            )
-        return targets
 
     def plan(self) -> list[Replacement]:
         if _IMPORT_ERROR is not None:
             raise TargetChanged(
                 f"cannot import TorchRL's slice samplers ({_IMPORT_ERROR})"
             )
-        for cls in (TensorStorage, LazyTensorStorage, LazyMemmapStorage):
-            if cls is LazyTensorStorage and "get" not in vars(cls):
-                continue  # before 0.11: TensorStorage.get, checked above
-            stock_function(cls, "get", self.read_fingerprints[f"{cls.__name__}.get"])
-        builder = self._info_builder()
-        stock = stock_function(
-            SliceSampler, builder, {v[1] for v in self.variants if v[0] == builder}
-        )
-        _, _, marker, edits = next(
-            v
-            for v in self.variants
-            if v[0] == builder and v[1] == source_fingerprint(stock)
+        stock = {target.path: target.stock() for target in self.implements}
+        # TorchRL 0.14 and main build the info in _finalize_index, 0.8 to 0.13 in _get_index.
+        builder = (
+            stock["SliceSampler._finalize_index"] or stock["SliceSampler._get_index"]
         )
         new = derive_from_source(
-            stock,
-            edits,
+            builder,
+            INFO_BUILDER_EDITS[source_fingerprint(builder)],
             _read_entries=_read_entries,
             _fixed_length_info=_fixed_length_info,
         )
-        if marker is not None:
-            stock_function(SliceSampler, "_maybe_emit_init_marker", {marker})
-        prioritized = stock_function(
-            PrioritizedSliceSampler, "sample", self.prioritized_fingerprints
-        )
         replacements = [
-            Replacement(SliceSampler, builder, new),
+            Replacement(SliceSampler, builder.__name__, new),
             Replacement(
                 PrioritizedSliceSampler,
                 "sample",
                 derive_from_source(
-                    prioritized, PRIORITIZED_SAMPLE_EDITS, _read_entries=_read_entries
+                    stock["PrioritizedSliceSampler.sample"],
+                    PRIORITIZED_SAMPLE_EDITS,
+                    _read_entries=_read_entries,
                 ),
             ),
         ]
-        if StreamingSliceSampler is not None:
+        streaming = stock["StreamingSliceSampler.mark_update"]
+        if streaming is not None:
             # It reads the rows of every write to queue its windows.
-            stock = stock_function(
-                StreamingSliceSampler, "mark_update", self.streaming_fingerprints
-            )
             replacements.append(
                 Replacement(
-                    StreamingSliceSampler, "mark_update", _streaming_mark_update(stock)
+                    StreamingSliceSampler,
+                    "mark_update",
+                    _streaming_mark_update(streaming),
                 )
             )
         return replacements

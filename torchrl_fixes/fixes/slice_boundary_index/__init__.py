@@ -83,7 +83,7 @@ from torchrl_fixes._core.patching import (
     wrap_with_statements,
 )
 from torchrl_fixes._core.errors import TargetChanged
-from torchrl_fixes._core.registry import Fix, stock_function
+from torchrl_fixes._core.registry import Fix, Target
 from torchrl_fixes.fixes.slice_boundary_index.slice_boundaries import (
     _classes_fallback_reason,
     boundary_source,
@@ -183,23 +183,6 @@ BOUNDARY_INDEX_EDITS = {
         ),
     ),
 }
-# Fingerprints of the stock _ReplayBoundaryIndex.__init__: 0.14.1, torchrl-nightly 2026.10.27.
-_KNOWN_BOUNDARY_INDEX_INIT = {"b68b83d4c69b22a8"}
-
-# Fingerprints of the stock SliceSampler.sample and _sample_slices whose draw
-# slice_sampling reproduces: 0.8.1 to 0.12.0, 0.13.3, 0.14.1, torchrl-nightly
-# 2026.10.27 (_sample_slices: 0.8.1 to 0.12.0, 0.13.3 and 0.14.1, nightly).
-_KNOWN_SAMPLE = {"2a9b7ed4cbb7f5a6", "7ec63e42812c4eef", "4f5c124e99037786"}
-_KNOWN_SAMPLE_SLICES = {"59d22b6902c449ff", "d2fa288a4a89b17c", "663b6d9541cba49e"}
-
-# Fingerprints of the stock SliceSampler._get_stop_and_length whose boundary
-# recovery this fix reproduces: 0.8.1 to 0.11.1, 0.12.0, 0.13.3, 0.14.1.
-_KNOWN_GET_STOP_AND_LENGTH = {
-    "014781a9a9f0841f",
-    "946f619295c7bae7",
-    "2a1999fced561120",
-    "9cdd720409a5079d",
-}
 
 
 class SliceBoundaryIndex(Fix):
@@ -212,14 +195,51 @@ class SliceBoundaryIndex(Fix):
     )
     upstream_issue = "https://github.com/pytorch/rl/issues/2669"
     torchrl_versions = SpecifierSet(">=0.8")
-    targets = (
-        "torchrl.data.replay_buffers.samplers.SliceSampler._get_stop_and_length / __init__ / sample",
-        "from TorchRL 0.14 on, torchrl.data.replay_buffers.utils._ReplayBoundaryIndex.__init__",
-        "torchrl.data.replay_buffers.storages.TensorStorage.set",
-        "torchrl.data.replay_buffers.storages.Storage.__getstate__",
-        "before TorchRL 0.14, the mutation revision: Storage._mutation_revision / _last_cursor_index / "
-        "_bump_mutation_revision, TensorStorage.__init__ / _empty / load_state_dict, "
-        "LazyMemmapStorage.load_state_dict, Storage.loads, ReplayBuffer.set_ / set_at_ / update_",
+    implements = (
+        Target(
+            "torchrl.data.replay_buffers.samplers.SliceSampler",
+            "_get_stop_and_length",
+            {
+                "014781a9a9f0841f": "0.8.1 to 0.11.1",
+                "946f619295c7bae7": "0.12.0",
+                "2a1999fced561120": "0.13.3",
+                "9cdd720409a5079d": "0.14.1, torchrl-nightly 2026.10.27",
+            },
+            installs="wrapped with SAMPLE_HOOKS: the storage's index answers before "
+            "the whole-storage recovery, which it reproduces",
+        ),
+        Target(
+            "torchrl.data.replay_buffers.samplers.SliceSampler",
+            "sample",
+            {
+                "2a9b7ed4cbb7f5a6": "0.8.1 to 0.13.3",
+                "7ec63e42812c4eef": "0.14.1",
+                "4f5c124e99037786": "torchrl-nightly 2026.10.27",
+            },
+            installs="wrapped with SAMPLE_HOOKS: slice_sampling makes its draw by rank "
+            "in the index",
+        ),
+        Target(
+            "torchrl.data.replay_buffers.samplers.SliceSampler",
+            "_sample_slices",
+            {
+                "59d22b6902c449ff": "0.8.1 to 0.12.0",
+                "d2fa288a4a89b17c": "0.13.3, 0.14.1",
+                "663b6d9541cba49e": "torchrl-nightly 2026.10.27",
+            },
+            installs="relied on unchanged: it gets the drawn trajectories",
+        ),
+        Target(
+            "torchrl.data.replay_buffers.utils._ReplayBoundaryIndex",
+            "__init__",
+            {"b68b83d4c69b22a8": "0.14.1, torchrl-nightly 2026.10.27 (new in 0.14)"},
+            installs="its own source edited (BOUNDARY_INDEX_EDITS): the storage's index "
+            "serves where nothing is cached",
+            optional=True,
+        ),
+        # The write paths are wrapped with INLINE_HOOKS' statements, whatever their
+        # code; before 0.14 the mutation revision is backported too
+        # (mutation_revision.MUTATION_REVISION_HOOKS).
     )
     stock_classes = ("torchrl.data.replay_buffers.samplers.SliceSampler",)
     # The one list of what runs stock code: status(), the README and the upstream
@@ -245,12 +265,9 @@ class SliceBoundaryIndex(Fix):
             )
         from torchrl.data import ReplayBuffer
 
-        stock = stock_function(
-            SliceSampler, "_get_stop_and_length", _KNOWN_GET_STOP_AND_LENGTH
-        )
-        stock_function(SliceSampler, "sample", _KNOWN_SAMPLE)
-        stock_function(SliceSampler, "_sample_slices", _KNOWN_SAMPLE_SLICES)
-        signature = inspect.signature(stock)
+        stock = {target.path: target.stock() for target in self.implements}
+        stop_and_length = stock["SliceSampler._get_stop_and_length"]
+        signature = inspect.signature(stop_and_length)
         if list(signature.parameters) != ["self", "storage", "fallback"]:
             raise TargetChanged(
                 "SliceSampler._get_stop_and_length has another signature"
@@ -306,7 +323,9 @@ class SliceBoundaryIndex(Fix):
                     property(mutation_revision._last_cursor_index),
                 ),
             ]
-        replacements += _boundary_index_replacements()
+        replacements += _boundary_index_replacements(
+            stock["_ReplayBoundaryIndex.__init__"]
+        )
         _classes_fallback_reason.cache_clear()
         slice_sampling._classes_sampling_reason.cache_clear()
         return replacements
@@ -335,19 +354,18 @@ def _hooks() -> dict:
     return hooks
 
 
-def _boundary_index_replacements() -> list[Replacement]:
-    """``_ReplayBoundaryIndex`` reading the storage's index, where TorchRL has it (0.14 on)."""
-    if _ReplayBoundaryIndex is None:
+def _boundary_index_replacements(stock_init) -> list[Replacement]:
+    """``_ReplayBoundaryIndex`` reading the storage's index, where TorchRL has it (0.14 on).
+
+    ``stock_init`` is its checked ``__init__``, ``None`` before 0.14.
+    """
+    if stock_init is None:
         return []
-    replacements = []
-    for (_, qualname), edits in BOUNDARY_INDEX_EDITS.items():
-        name = qualname.split(".")[1]
-        stock = stock_function(_ReplayBoundaryIndex, name, _KNOWN_BOUNDARY_INDEX_INIT)
-        new = derive_from_source(
-            stock, edits, _indexed_boundaries=boundary_cache._indexed_boundaries
-        )
-        replacements.append(Replacement(_ReplayBoundaryIndex, name, new))
-    return replacements
+    (((_, qualname), edits),) = BOUNDARY_INDEX_EDITS.items()
+    new = derive_from_source(
+        stock_init, edits, _indexed_boundaries=boundary_cache._indexed_boundaries
+    )
+    return [Replacement(_ReplayBoundaryIndex, qualname.split(".")[1], new)]
 
 
 def fallback_reason(sampler, storage) -> str | None:

@@ -1,4 +1,9 @@
-"""Every fix torchrl_fixes ships, one module each, in the order they are applied."""
+"""Every fix torchrl_fixes ships, in the order they are applied.
+
+A fix is a module, or a package where it has modules of its own
+(``slice_boundary_index/``). Each uses the framework of :mod:`torchrl_fixes._core`
+and declares its targets in ``implements``; nothing here imports the tools.
+"""
 from __future__ import annotations
 
 from torchrl_fixes.fixes.pinned_sample_output import PinnedSampleOutput

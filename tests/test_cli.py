@@ -8,6 +8,7 @@ from packaging.version import Version
 
 import torchrl_fixes
 from torchrl_fixes import __main__ as cli
+from torchrl_fixes.fixes import ALL_FIXES
 
 
 @pytest.fixture(scope="module")
@@ -16,6 +17,7 @@ def runs(spawn_python, finish_process):
     started = {
         "default": spawn_python("-m", "torchrl_fixes"),
         "status": spawn_python("-m", "torchrl_fixes", "status"),
+        "status --targets": spawn_python("-m", "torchrl_fixes", "status", "--targets"),
         "bogus": spawn_python("-m", "torchrl_fixes", "bogus"),
         "status --full": spawn_python("-m", "torchrl_fixes", "status", "--full"),
         "bench --full": spawn_python("-m", "torchrl_fixes", "bench", "--full"),
@@ -37,6 +39,22 @@ def test_status_table(runs, case):
         rows = [line.split() for line in lines if line.split()[:1] == [name]]
         assert len(rows) == 1, run.stdout
         assert rows[0][1] == "applied"
+
+
+def test_status_targets_say_which_known_code_is_installed(runs):
+    """``status --targets`` adds one row per declared target, ending with the releases
+    whose code this install has (every target of an applied fix is a known code)."""
+    run = runs["status --targets"]
+    assert run.returncode == 0, run.stderr
+    rows = [line for line in run.stdout.splitlines() if line.startswith("| `")]
+    targets = [(fix, target) for fix in ALL_FIXES for target in fix.implements]
+    assert len(rows) == len(targets)
+    for row, (fix, target) in zip(rows, targets):
+        assert row.startswith(f"| `{fix.name}` | `{target.path}`")
+        found = row.rstrip(" |").rsplit(" | ", 1)[1]
+        assert found == "missing" and target.optional or found.removeprefix("as in ") in (
+            target.seen.values()
+        ), row
 
 
 @pytest.mark.parametrize("case, bad", [("bogus", "bogus"), ("status --full", "--full")])

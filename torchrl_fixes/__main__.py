@@ -1,7 +1,8 @@
 """Command line: ``python -m torchrl_fixes [status | run -- COMMAND]`` (or the ``torchrl-fixes`` script).
 
 ``status`` (the default) prints, for each fix, whether it is applied and why not,
-and the configurations an applied fix leaves to stock code. ``run -- COMMAND``
+and the configurations an applied fix leaves to stock code; ``status --targets``
+adds every stock function each fix targets and which known code of it is installed. ``run -- COMMAND``
 starts ``COMMAND`` with the fixes in every Python process it starts
 (:mod:`torchrl_fixes.launcher`). ``diagnose --demo`` shows
 :func:`torchrl_fixes.diagnose` on a built-in slow buffer (a buffer of your own is
@@ -19,7 +20,9 @@ import sys
 
 import torchrl_fixes
 from torchrl_fixes import launcher
+from torchrl_fixes._core.registry import targets_table
 from torchrl_fixes.diagnose import demo_buffer
+from torchrl_fixes.fixes import ALL_FIXES
 
 # Commands that moved to the repository's development tooling.
 DEVTOOLS = {
@@ -45,11 +48,17 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
         "development tooling: `python -m devtools --help` in a clone of the repository.",
     )
     commands = top.add_subparsers(dest="command", metavar="COMMAND")
-    commands.add_parser(
+    status = commands.add_parser(
         "status",
         help="which fixes are applied and why not (the default)",
         description="For each fix: applied, skipped or inactive, and why; then what stock "
         "code still runs for. TORCHRL_FIXES chooses the fixes (0 / off: none).",
+    )
+    status.add_argument(
+        "--targets",
+        action="store_true",
+        help="also list every stock function each fix replaces or relies on, the codes of "
+        "it the fix knows, and which one this TorchRL has",
     )
     run = commands.add_parser(
         "run",
@@ -143,6 +152,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     if args.command == "diagnose":
         return _diagnose(args, prog)
     print(torchrl_fixes.status())
+    if getattr(args, "targets", False):
+        with torchrl_fixes.disabled():  # the stock code, not the fixes'
+            print()
+            print(targets_table(ALL_FIXES, found=True))
     return 0
 
 

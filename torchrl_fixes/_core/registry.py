@@ -130,22 +130,38 @@ class Target:
             return None
         return stock_function(owner, self.name, self.seen)
 
+    def found(self) -> str:
+        """Which code of :attr:`seen` the installed function is: its releases, ``"missing"``
+        (an optional target that is not there), or why it is not a code the fix knows.
 
-def targets_table(fixes: Sequence[Fix]) -> str:
+        Read it with the fixes off (inside ``disabled()``): an applied fix's target
+        holds the fix's code.
+        """
+        try:
+            function = self.stock()
+        except TargetChanged as err:
+            return f"not a known code ({err})"
+        if function is None:
+            return "missing"
+        return f"as in {self.seen[source_fingerprint(function)]}"
+
+
+def targets_table(fixes: Sequence[Fix], *, found: bool = False) -> str:
     """The targets ``fixes`` declare (:attr:`Fix.implements`), as a Markdown table.
 
     One row per target: the fix, the stock function, the releases each code of it the
-    fix knows was seen in, and what the fix puts there.
+    fix knows was seen in, and what the fix puts there. With ``found``, a last column
+    says which code the installed TorchRL has (:meth:`Target.found`; call it with the
+    fixes off).
     """
-    rows = ["| fix | stock function | codes known (releases) | what the fix puts there |"]
-    rows.append("| --- | --- | --- | --- |")
+    header = "| fix | stock function | codes known (releases) | what the fix puts there |"
+    rows = [header + (" found here |" if found else ""), "| --- " * (5 if found else 4) + "|"]
     for fix in fixes:
         for target in fix.implements:
             seen = "; ".join(target.seen.values())
             optional = " (where present)" if target.optional else ""
-            rows.append(
-                f"| `{fix.name}` | `{target.path}`{optional} | {seen} | {target.installs} |"
-            )
+            row = f"| `{fix.name}` | `{target.path}`{optional} | {seen} | {target.installs} |"
+            rows.append(row + (f" {target.found()} |" if found else ""))
     return "\n".join(rows)
 
 

@@ -393,7 +393,7 @@ class SingleGather(Fix):
             "_maybe_emit_init_marker",
             {
                 "60f5ba7223d77b67": "0.13.3",
-                "c6ecacb2f419f943": "0.14.1, torchrl-nightly",
+                "c6ecacb2f419f943": "0.14.1, torchrl-nightly 2026.10.27",
             },
             installs="relied on unchanged: the info builder calls it (from 0.13 on)",
             optional=True,

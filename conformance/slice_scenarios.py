@@ -311,6 +311,44 @@ class SliceSetup:
         )
 
 
+# TD-MPC2's defaults: batches of 256 slices of horizon + 1 = 4 steps.
+TDMPC2_NUM_SLICES = 256
+TDMPC2_HORIZON = 3
+
+
+def tdmpc2_buffer(
+    capacity: int,
+    *,
+    num_slices: int = TDMPC2_NUM_SLICES,
+    horizon: int = TDMPC2_HORIZON,
+    device: torch.device | str = "cpu",
+):
+    """A replay buffer built as TD-MPC2's ``Buffer`` builds it (``tdmpc2/common/buffer.py``).
+
+    A ``ReplayBuffer`` over a ``LazyTensorStorage`` of ``capacity`` rows on
+    ``device``, with a ``SliceSampler`` reading the ``"episode"`` id that TD-MPC2
+    stamps on each episode's rows (no end key, no truncated key, strict lengths, no
+    value cache): ``num_slices`` slices of ``horizon + 1`` steps per sample.
+    """
+    import torchrl.data
+
+    sampler = torchrl.data.SliceSampler(
+        num_slices=num_slices,
+        end_key=None,
+        traj_key="episode",
+        truncated_key=None,
+        strict_length=True,
+        cache_values=False,
+    )
+    return torchrl.data.ReplayBuffer(
+        storage=torchrl.data.LazyTensorStorage(capacity, device=device),
+        sampler=sampler,
+        pin_memory=False,
+        prefetch=0,
+        batch_size=num_slices * (horizon + 1),
+    )
+
+
 def new_scratch_dir(parent: Path | None) -> str | None:
     """A fresh directory under ``parent`` for one memory-mapped storage."""
     if parent is None:

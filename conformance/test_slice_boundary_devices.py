@@ -25,7 +25,13 @@ import torch
 from tensordict import TensorDict
 
 from conformance.harness import assert_identical, run_patched, run_stock
-from conformance.slice_scenarios import MEMMAP_NDIM2, Recording, SliceSetup, record_sample
+from conformance.slice_scenarios import (
+    MEMMAP_NDIM2,
+    Recording,
+    SliceSetup,
+    record_sample,
+    tdmpc2_buffer,
+)
 from conformance.test_slice_boundary_index import _NOT_IN_EFFECT, FIX, random_plan, require
 
 pytestmark = [
@@ -224,19 +230,8 @@ def tdmpc2_buffer_scenario(capacity: int, num_slices: int, horizon: int, episode
     """
 
     def scenario():
-        from torchrl.data import LazyTensorStorage, ReplayBuffer, SliceSampler
-
-        sampler = SliceSampler(
-            num_slices=num_slices,
-            end_key=None,
-            traj_key="episode",
-            truncated_key=None,
-            strict_length=True,
-        )
-        rb = ReplayBuffer(
-            storage=LazyTensorStorage(capacity, device=torch.device("cuda")),
-            sampler=sampler,
-            batch_size=num_slices * (horizon + 1),
+        rb = tdmpc2_buffer(
+            capacity, num_slices=num_slices, horizon=horizon, device=torch.device("cuda")
         )
         generator = torch.Generator().manual_seed(0)
         records = []

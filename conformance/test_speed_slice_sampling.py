@@ -68,6 +68,7 @@ from torchrl.data import (
 import torchrl_fixes
 from conformance import reference, timing_in_turn
 from conformance.host_memory import available_memory
+from conformance.slice_scenarios import tdmpc2_buffer
 from conformance.speed_sizes import (
     COLD,
     EXTEND,
@@ -173,17 +174,7 @@ def _make_buffer(case: Case, device: torch.device):
             batch_size=2048,
         )
     if case.layout == "tdmpc2":
-        sampler = SliceSampler(
-            num_slices=256,
-            end_key=None,
-            traj_key="episode",
-            truncated_key=None,
-            strict_length=True,
-            cache_values=False,
-        )
-        return ReplayBuffer(
-            storage=LazyTensorStorage(case.capacity), sampler=sampler, batch_size=1024
-        )
+        return tdmpc2_buffer(case.capacity)
     raise ValueError(case.layout)
 
 

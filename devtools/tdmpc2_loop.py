@@ -1,12 +1,10 @@
 """TD-MPC2's replay buffer as its users run it, stock against patched, on the installed TorchRL.
 
 TD-MPC2 (``tdmpc2/common/buffer.py``) pins ``torchrl==0.8.1``. Its ``Buffer`` keeps
-every transition in a ``LazyTensorStorage`` tagged with its episode number and
-samples ``batch_size`` slices of ``horizon + 1`` steps:
-``SliceSampler(num_slices=256, end_key=None, traj_key="episode", truncated_key=None,
-strict_length=True, cache_values=False)`` in a ``ReplayBuffer(pin_memory=False,
-prefetch=0, batch_size=256 * 4)``; it adds each finished episode with
-``extend``. :func:`run` builds that buffer twice, stock (inside
+every transition in a ``LazyTensorStorage`` tagged with its episode number, samples
+slices of ``horizon + 1`` steps by that id (built here by
+:func:`conformance.slice_scenarios.tdmpc2_buffer`) and adds each finished episode
+with ``extend``. :func:`run` builds that buffer twice, stock (inside
 :func:`torchrl_fixes.disabled`) and patched, fills both with the same episodes,
 then times TD-MPC2's loop in turn: ``samples_per_episode`` samples, then one
 episode written. Every sample of both is checked: each slice lies in one episode,
@@ -24,14 +22,12 @@ from pathlib import Path
 
 import torch
 from tensordict import TensorDict
-from torchrl.data import LazyTensorStorage, ReplayBuffer, SliceSampler
 
 import torchrl_fixes
+from conformance.slice_scenarios import TDMPC2_HORIZON, tdmpc2_buffer
 from torchrl_fixes._core.versions import installed_version
 
-# TD-MPC2's defaults: batch_size 256, horizon 3; DMControl episodes of 500 steps.
-NUM_SLICES = 256
-HORIZON = 3
+# DMControl episodes of 500 steps.
 EPISODE_LEN = 500
 # Rows written per extend while filling: TD-MPC2 adds one episode at a time, which
 # leaves the same rows; chunks fill 10M rows in seconds.
@@ -56,25 +52,6 @@ class Timing:
         return self.stock_s / self.patched_s
 
 
-def make_buffer(capacity: int) -> ReplayBuffer:
-    """TD-MPC2's ``Buffer._reserve_buffer`` over a CPU ``LazyTensorStorage``."""
-    sampler = SliceSampler(
-        num_slices=NUM_SLICES,
-        end_key=None,
-        traj_key="episode",
-        truncated_key=None,
-        strict_length=True,
-        cache_values=False,
-    )
-    return ReplayBuffer(
-        storage=LazyTensorStorage(capacity),
-        sampler=sampler,
-        pin_memory=False,
-        prefetch=0,
-        batch_size=NUM_SLICES * (HORIZON + 1),
-    )
-
-
 def episodes(first_step: int, count: int) -> TensorDict:
     """``count`` transitions from global step ``first_step`` on, in 500-step episodes.
 
@@ -95,7 +72,7 @@ def episodes(first_step: int, count: int) -> TensorDict:
 
 def check_slices(sample: TensorDict) -> None:
     """Raises :class:`TDMPC2LoopError` unless every slice is one episode at consecutive steps."""
-    slices = sample.view(-1, HORIZON + 1)
+    slices = sample.view(-1, TDMPC2_HORIZON + 1)
     episode, step = slices["episode"], slices["step"]
     if not (episode == episode[:, :1]).all():
         raise TDMPC2LoopError("a slice crosses an episode boundary")
@@ -118,8 +95,8 @@ def run(
             "raise --capacity"
         )
     with torchrl_fixes.disabled():
-        buffers = {"stock": make_buffer(capacity)}
-    buffers["patched"] = make_buffer(capacity)
+        buffers = {"stock": tdmpc2_buffer(capacity)}
+    buffers["patched"] = tdmpc2_buffer(capacity)
     for start in range(0, stored, FILL_CHUNK):
         rows = episodes(start, min(FILL_CHUNK, stored - start))
         for rb in buffers.values():

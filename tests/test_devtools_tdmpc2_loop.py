@@ -8,8 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from conformance.slice_scenarios import TDMPC2_HORIZON as HORIZON
+from conformance.slice_scenarios import TDMPC2_NUM_SLICES as NUM_SLICES
+from conformance.slice_scenarios import tdmpc2_buffer
 from devtools import tdmpc2_loop
-from devtools.tdmpc2_loop import EPISODE_LEN, HORIZON, NUM_SLICES, TDMPC2LoopError
+from devtools.tdmpc2_loop import EPISODE_LEN, TDMPC2LoopError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,8 +47,8 @@ def test_run_times_both_buffers_and_checks_every_sample():
     assert timing.speedup == timing.stock_s / timing.patched_s
 
 
-def test_make_buffer_is_tdmpc2s():
-    rb = tdmpc2_loop.make_buffer(1_000)
+def test_the_buffer_is_tdmpc2s():
+    rb = tdmpc2_buffer(1_000)
     sampler = rb._sampler
     # end_key=None: the sampler keeps its default end key, and reads the episode ids
     assert (sampler.num_slices, sampler.traj_key) == (NUM_SLICES, "episode")

@@ -64,14 +64,15 @@ def test_unusable_cursor_leaves_it_to_stock(cursor):
         sbi._resolve_cursor(cursor, 10)
 
 
-def _storage(n=6):
+def _storage(storage=None, *, rows=6):
+    """``rows`` rows of 3-step episodes (ids and done flags) in ``storage`` (a new 10-row one)."""
     from torchrl.data import LazyTensorStorage
 
-    storage = LazyTensorStorage(10)
-    step = torch.arange(n)
+    storage = LazyTensorStorage(10) if storage is None else storage
+    step = torch.arange(rows)
     storage.set(
         step,
-        TensorDict({"episode": step // 3, ("next", "done"): (step % 3 == 2).unsqueeze(-1)}, [n]),
+        TensorDict({"episode": step // 3, ("next", "done"): (step % 3 == 2).unsqueeze(-1)}, [rows]),
     )
     return storage
 
@@ -160,6 +161,64 @@ def test_fallback_reason(sampler_kwargs, reason):
 
     sampler = SliceSampler(slice_len=2, **sampler_kwargs)
     assert fallback_reason(sampler, _storage()) == reason
+
+
+def _fallback_examples() -> dict:
+    """One sampler and storage of each configuration of ``slice_boundaries.FALLBACKS``."""
+    from torchrl.data import LazyMemmapStorage, LazyTensorStorage, ListStorage, SliceSampler
+
+    class OwnRecovery(SliceSampler):
+        def _find_start_stop_traj(self, *args, **kwargs):
+            return super()._find_start_stop_traj(*args, **kwargs)
+
+    def sampler(**kwargs):
+        return SliceSampler(slice_len=2, **{"traj_key": "episode", **kwargs})
+
+    three_dims = LazyTensorStorage(20, ndim=3)
+    three_dims.set(torch.arange(4), TensorDict({"episode": torch.zeros(4, 2, 2)}, [4, 2, 2]))
+    float_ends = LazyTensorStorage(10)
+    float_ends.set(torch.arange(4), TensorDict({("next", "done"): torch.zeros(4, 1)}, [4]))
+    copied = _storage(LazyMemmapStorage(20))
+    copied.__getstate__()  # what pickling it takes
+    fragmented = sampler()
+    fragmented.fragmented = True  # a constructor argument from TorchRL 0.14 on
+    ends = torch.tensor([False, False, True] * 2)
+    return {
+        "storages other than TensorStorage over a TensorDict, ndim > 2": [
+            (sampler(), ListStorage(10)),
+            (sampler(), three_dims),
+        ],
+        "fragmented=True": [(fragmented, _storage())],
+        "compile=True": [(sampler(compile=True), _storage())],
+        "a use_gpu device this machine cannot use (which raises, as before)": [
+            (sampler(use_gpu=f"cuda:{torch.cuda.device_count()}"), _storage())
+        ],
+        "static ends/trajectories": [
+            (SliceSampler(slice_len=2, cache_values=True, ends=ends), _storage())
+        ],
+        "samplers that override the boundary recovery": [
+            (OwnRecovery(slice_len=2, traj_key="episode"), _storage())
+        ],
+        "boundary columns the whole-storage recovery would reject or squeeze or that lie "
+        "on different devices": [
+            (SliceSampler(slice_len=2, end_key=("next", "done")), float_ends)
+        ],
+        "fewer than 2 rows": [(sampler(), _storage(rows=1))],
+        "memmap storages pickled or copied outside torch.multiprocessing": [(sampler(), copied)],
+    }
+
+
+def test_every_declared_fallback_is_a_checked_one():
+    """``FALLBACKS`` (what status() and the README list) names exactly the configurations
+    ``fallback_reason`` finds: an example of each gets a reason, and a plain one none."""
+    examples = _fallback_examples()
+    assert tuple(examples) == slice_boundaries.FALLBACKS
+    for configuration, cases in examples.items():
+        for sampler, storage in cases:
+            assert fallback_reason(sampler, storage) is not None, configuration
+    from torchrl.data import SliceSampler
+
+    assert fallback_reason(SliceSampler(slice_len=2, traj_key="episode"), _storage()) is None
 
 
 def test_a_use_gpu_device_that_cannot_be_used_is_left_to_stock():

@@ -242,20 +242,12 @@ class SliceBoundaryIndex(Fix):
         # (mutation_revision.MUTATION_REVISION_HOOKS).
     )
     stock_classes = ("torchrl.data.replay_buffers.samplers.SliceSampler",)
-    # The one list of what runs stock code: status(), the README and the upstream
-    # patch's header show this text.
-    fallbacks = (
-        "storages other than TensorStorage over a TensorDict, ndim > 2, "
-        "fragmented=True, compile=True, a use_gpu device this machine cannot use (which raises, "
-        "as before), static ends/trajectories, samplers that override the boundary recovery, "
-        "boundary columns the whole-storage recovery would reject or squeeze or that lie on "
-        "different devices, fewer than 2 rows, "
-        "memmap storages pickled or copied outside torch.multiprocessing"
-    )
+    # What runs stock code, as listed beside the checks that decide it: status(), the
+    # README and the upstream patch's header show this text.
+    fallbacks = ", ".join(slice_boundaries.FALLBACKS)
     release_fallbacks = (
-        "before TorchRL 0.14 (no mutation revision to see every write by): compilable=True "
-        "storages, storages shared between processes but built before the fix was applied, "
-        "storage classes with a write path of their own"
+        "before TorchRL 0.14 (no mutation revision to see every write by): "
+        + ", ".join(mutation_revision.FALLBACKS)
     )
 
     def plan(self) -> list[Replacement]:

@@ -146,8 +146,20 @@ def _write_count(storage) -> _WriteCount:
     return count
 
 
+# The configurations the backported revision cannot follow every write of, as
+# unseen_writes_reason decides them: their boundaries come from the whole storage.
+FALLBACKS = (
+    "compilable=True storages",
+    "storages shared between processes but built before the fix was applied",
+    "storage classes with a write path of their own",
+)
+
+
 def unseen_writes_reason(storage) -> str | None:
-    """Why writes to ``storage`` could escape its write count, if they can."""
+    """Why writes to ``storage`` could escape its write count, if they can.
+
+    The reason falls under one of the configurations of :data:`FALLBACKS`.
+    """
     if getattr(storage, "_compilable", False):
         return "compilable=True storage on a TorchRL that counts no mutations (before 0.14)"
     uncounted = _uncounted_write_path(type(storage))

@@ -123,8 +123,27 @@ def _agreeing_end_flags(
     return index_key, stamp, signal
 
 
+# The configurations whose boundaries are recovered from the whole storage, as the
+# checks below (and ``_signal_of``'s, and the first sample's row count) decide them.
+FALLBACKS = (
+    "storages other than TensorStorage over a TensorDict, ndim > 2",
+    "fragmented=True",
+    "compile=True",
+    "a use_gpu device this machine cannot use (which raises, as before)",
+    "static ends/trajectories",
+    "samplers that override the boundary recovery",
+    "boundary columns the whole-storage recovery would reject or squeeze or that lie "
+    "on different devices",
+    "fewer than 2 rows",
+    "memmap storages pickled or copied outside torch.multiprocessing",
+)
+
+
 def _fallback_reason(sampler, storage) -> str | None:
-    """Why ``sampler`` cannot use the boundary index on ``storage`` (None: it can)."""
+    """Why ``sampler`` cannot use the boundary index on ``storage`` (None: it can).
+
+    The reason falls under one of the configurations of :data:`FALLBACKS`.
+    """
     if not isinstance(storage, TensorStorage):
         return "storage is not a TensorStorage"
     if not isinstance(getattr(storage, "_storage", None), TensorDictBase):
@@ -407,7 +426,7 @@ def fallback_reason(sampler, storage) -> str | None:
     reason = _fallback_reason(sampler, storage)
     if reason is None:
         try:
-            _signal(sampler, storage)
+            _geometry(storage, _signal(sampler, storage)[4])
         except _Unsupported as err:
             reason = str(err)
     return reason

@@ -1124,15 +1124,19 @@ Change
   trajectory's first row and length, flat, in order, and drawable(min_length)
   gives those long enough (the first count, or kept ranks where a shorter one
   closed earlier). GrowingStorageTable, one of the index's followers (0004),
-  records each write's rows (O(1)) and appends the rows written since the
-  last sample to the table in a few operations on those rows alone (their
-  flags' nonzero, an add, a subtract); any other write drops the table, the
-  order serves from then on, and the table is made again from it once as
-  many rows as it had trajectories have been written. _sample_from_table
-  makes the listing's draw over the table directly: torch.randint over the
+  records the lowest row each write touches (one min over the rows the
+  write hands it) and appends the rows written since the last sample to the
+  table in a few operations on those rows alone (their flags' nonzero, an
+  add, a subtract); a write below the table's last row drops it, the order
+  serves from then on, and the table is made again from it once as many
+  rows as it had trajectories have been written. _sample_from_table makes
+  the listing's draw over the table directly: torch.randint over the
   trajectories long enough, their first rows and lengths read with two fancy
-  indices, then _fixed_length_index. A handful of operations, nothing per
-  chunk. Samplers that override _get_stop_and_length,
+  indices, then _fixed_length_index. A sampler that drew from the table
+  keeps how (_TableDraw): while its query plan holds (0006) and it asks for
+  the same slices, its next sample goes from the plan to the table and
+  looks nothing else up. A handful of operations, nothing per chunk.
+  Samplers that override _get_stop_and_length,
   _adjusted_batch_size, _sample_slices or _get_index (or
   _tensor_slices_from_startend, for the index alone), and every configuration
   0006 leaves to the whole-column recovery, sample as before;
@@ -1140,9 +1144,11 @@ Change
   sample() and read the listing, as before.
 
 Tests: test_slice_sampler_draw_by_rank.py compares the draw with the listing's
-  (same generator state) for every sampler option, and after writes; and
-  the samples of a buffer that grows by appends with the listing's, its
-  order never asked (the table alone serves them). test_trajectory_table.py
+  (same generator state) for every sampler option, and after writes; the
+  samples of a buffer that grows by appends with the listing's, its order
+  never asked (the table alone serves them); and the kept draw, which serves
+  until the batch size, the slice options, the storage or its state
+  changes, every sample the listing's. test_trajectory_table.py
   checks the table against the trajectories listed from the whole column
   after random appends, and when it is dropped and made again.
 

@@ -219,7 +219,8 @@ def _fixed_length_info(
             return None
     if index.dtype is not torch.long:
         index = index.to(torch.long)
-    index = index.unbind(-1)
+    # unbind(-1), as _finalize_index does; one column is the index itself
+    index = (index.squeeze(-1),) if index.shape[-1] == 1 else index.unbind(-1)
     # The rows are valid ones (the slices are taken modulo the storage's length):
     # the columns are indexed whole, without the view of the valid rows.
     if done is not None:

@@ -1,37 +1,24 @@
 """Slice samples drawn from the trajectory order: nothing done per trajectory.
 
-``SliceSampler.sample`` lists every trajectory (start, stop, length), and
-``_sample_slices`` keeps those long enough, draws ``num_slices`` of them with
-``torch.randint`` and reads the drawn ones: O(number of trajectories) per
-sample, after the boundaries are known. :func:`_sample_from_index` makes the
-same draw, from the same generator, by rank in the storage index's
-``TrajectoryOrder`` (what the sampler's boundary index reads), and hands
-``_sample_slices`` the drawn trajectories only, numbered by ``traj_idx``: the
-samples are the same, and a sample costs O(batch) plus a scan of the order's
-chunk counts, whatever the number of trajectories.
-
-Where every slice has the sampler's length and lies inside its trajectory (no
-``span``; no trajectory too short, or ``strict_length``), which is how slice
-samplers are mostly built, and the storage is on the CPU,
-:func:`_fixed_length_index` places the slices with the same ``torch.rand`` draw
-and builds the index ``_get_index`` builds, in numpy on the drawn rows: TorchRL's
-general path costs a dozen tensor operations, each of which weighs more than the
-arithmetic on a few thousand rows. ``_finalize_index`` then adds the info.
-
-While a one-lane storage of end flags only grows (an online buffer until it is full),
-its trajectories are also kept in a :class:`~.trajectory_table.TrajectoryTable`
-(:class:`~.trajectory_table.GrowingStorageTable`, which appends the rows written since
-the last sample), and :func:`_sample_from_table` draws from it directly: no order,
-no chunk, a handful of operations on the drawn rows.
+``SliceSampler.sample`` lists every trajectory and draws among them with
+``torch.randint``: O(trajectories) per sample. :func:`_sample_from_index` makes the
+same draw by rank in the index's ``TrajectoryOrder``, O(batch) plus a scan of its
+chunk counts. Slices of the sampler's length from a CPU storage skip TorchRL's
+general path (:func:`_fixed_length_index`); a storage that only grows is drawn from
+its :class:`~.trajectory_table.TrajectoryTable` (:func:`_sample_from_table`), and
+the sampler keeps how (:class:`_TableDraw`) while its query plan holds.
 """
 from __future__ import annotations
 
 import functools
+import weakref
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from torchrl_fixes.fixes.slice_boundary_index.slice_boundaries import (
+    _current_plan,
     _overrides,
     _query_index,
 )
@@ -45,35 +32,78 @@ from torchrl_fixes.fixes.slice_boundary_index.trajectory_table import (
 
 
 def _sample_from_index(sampler, storage, batch_size: int):
-    """What ``SliceSampler.sample`` returns, drawn from the storage's trajectory order.
+    """What ``SliceSampler.sample`` returns, drawn from the storage's index (``None``: the listing must be made).
 
-    ``SliceSampler.sample`` lists every trajectory, keeps those long enough, draws
-    ``num_slices`` of them with ``torch.randint`` and hands the listing to
-    ``_sample_slices`` with the draws. Here the same draw, from the same
-    generator, picks the trajectories by rank in the index's
-    ``TrajectoryOrder``, and ``_sample_slices`` gets
-    only the drawn ones (with ``traj_idx`` numbering them), plus one of the
-    shortest where some are too short, so that it takes the branch it takes on
-    the whole listing. Nothing is done per trajectory: O(batch) plus a scan of
-    the order's chunk counts, or O(batch) alone where the index's table serves.
-    Returns ``None`` where the listing must be made.
+    ``_sample_slices`` gets the drawn trajectories only (numbered by ``traj_idx``),
+    plus one of the shortest where some are too short, so that it takes the branch
+    it takes on the whole listing.
     """
     if _classes_sampling_reason(type(sampler)) is not None:
         return None
     multiplier = getattr(sampler, "_batch_size_multiplier", None)
     if multiplier is not None:
         batch_size = batch_size * multiplier
-    result = _query_index(
-        sampler,
-        storage,
-        functools.partial(_sample_trajectories, sampler, storage, batch_size),
-    )
+    result = _sample_from_kept_table(sampler, storage, batch_size)
+    if result is None:
+        result = _query_index(
+            sampler,
+            storage,
+            functools.partial(_sample_trajectories, sampler, storage, batch_size),
+        )
     if result is None:
         return None
     warn_if_short = getattr(sampler, "_warn_if_short_batch", None)
     if warn_if_short is not None:
         warn_if_short(result[0], batch_size)
     return result
+
+
+class _TableDraw(NamedTuple):
+    """How a sampler's slices are drawn from its storage's trajectory table, kept between samples."""
+
+    index: weakref.ref  # the index whose table it is
+    growing: GrowingStorageTable
+    request: tuple  # what _table_request gave
+    seq_length: int
+    num_slices: int
+
+
+# sampler -> the _TableDraw its last sample from a trajectory table made
+_TABLE_DRAWS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _table_request(sampler, batch_size: int) -> tuple:
+    """What a :class:`_TableDraw` depends on besides the query plan: the batch and the slice options."""
+    options = (sampler.num_slices, sampler.slice_len, sampler.strict_length)
+    return (batch_size, *options, *sampler.span)
+
+
+def _sample_from_kept_table(sampler, storage, batch_size: int):
+    """A sample from the table the sampler's last sample drew from, or ``None`` (ask the index).
+
+    Where the sampler asks for the same slices and its query plan still holds for
+    the same index (``_current_plan``: no mutation but recorded writes, whose rows
+    the table appends); otherwise the draw is forgotten.
+    """
+    try:
+        draw = _TABLE_DRAWS.get(sampler)
+    except TypeError:  # a sampler that cannot be referenced weakly
+        return None
+    if draw is None:
+        return None
+    same = draw.request == _table_request(sampler, batch_size)
+    plan = _current_plan(sampler, storage) if same else None
+    if plan is not None and plan.index is draw.index():
+        # the lock every recorded write holds: the table is not appended to meanwhile
+        with plan.lock:
+            plan.boundaries.last_source = plan.index_key
+            table = draw.growing.current(plan.signal, plan.geometry)
+            if table is not None:
+                sampled = _sample_from_table(sampler, table, draw, storage)
+                if sampled is not None:
+                    return sampled
+    _TABLE_DRAWS.pop(sampler, None)
+    return None
 
 
 def _sample_trajectories(
@@ -88,9 +118,8 @@ def _sample_trajectories(
 ):
     """The index and info of a slice sample of the trajectories ``sampler`` draws from ``index``'s order (``None`` where there is none to draw: the listing's path raises its error).
 
-    The draw runs on ``device``, where the listing's lengths are and so its draw,
-    with the same generator; only the drawn ranks come to the host, and only the drawn
-    trajectories go back.
+    The draw runs on ``device``, where the listing's draw runs; only the drawn ranks
+    come to the host, and only the drawn trajectories go back.
     """
     seq_length, num_slices = sampler._adjusted_batch_size(batch_size)
     storage_length = geometry["length"]  # the valid rows along dim 0: storage.shape[0]
@@ -103,12 +132,16 @@ def _sample_trajectories(
     if fixed_length:
         growing = GrowingStorageTable.of(index)
         table = None if growing is None else growing.table(index, signal, **geometry)
-        count, ranks = (0, None) if table is None else table.drawable(seq_length)
-        # strict_length draws among those long enough; without it, all must be
-        if count and (sampler.strict_length or count == table.count):
-            return _sample_from_table(
-                sampler, table, count, ranks, seq_length, num_slices, storage
-            )
+        if table is not None:
+            request = _table_request(sampler, batch_size)
+            draw = _TableDraw(weakref.ref(index), growing, request, seq_length, num_slices)
+            sampled = _sample_from_table(sampler, table, draw, storage)
+            if sampled is not None:
+                try:
+                    _TABLE_DRAWS[sampler] = draw
+                except TypeError:  # a sampler that cannot be referenced weakly
+                    pass
+                return sampled
     order = index.trajectories(signal, **geometry)
     too_short = order.shortest() < seq_length
     min_length = seq_length if too_short and sampler.strict_length else 1
@@ -155,23 +188,18 @@ def _sample_trajectories(
     )
 
 
-def _sample_from_table(
-    sampler,
-    table: TrajectoryTable,
-    count: int,
-    ranks: np.ndarray | None,
-    seq_length: int,
-    num_slices: int,
-    storage,
-):
-    """What ``_sample_slices`` returns for ``num_slices`` slices of ``seq_length`` steps drawn from ``table``'s ``count`` trajectories that long (the first ones, or those of ``ranks``: :meth:`TrajectoryTable.drawable`).
+def _sample_from_table(sampler, table: TrajectoryTable, draw: _TableDraw, storage):
+    """What ``_sample_slices`` returns for the slices of ``draw`` (``None`` where it draws otherwise).
 
-    The listing's ``torch.randint`` draw over the trajectories long enough, from the
-    same generator, then :func:`_fixed_length_index` on the drawn ones: a handful of
-    operations on the drawn rows.
+    The listing's ``torch.randint`` draw over ``table``'s trajectories long enough,
+    from the same generator, then :func:`_fixed_length_index` on the drawn ones.
     """
-    traj_idx = torch.randint(count, (num_slices,), generator=sampler._rng)
-    drawn = traj_idx.numpy()
+    seq_length, num_slices = draw.seq_length, draw.num_slices
+    count, ranks = table.drawable(seq_length)
+    # strict_length draws among those long enough; without it, all must be
+    if not count or not (sampler.strict_length or count == table.count):
+        return None
+    drawn = torch.randint(count, (num_slices,), generator=sampler._rng).numpy()
     starts, lengths = table.select(drawn if ranks is None else ranks[drawn])
     return _fixed_length_index(
         sampler, starts, None, lengths, seq_length, table.length, storage, wraps=False
@@ -191,23 +219,21 @@ def _fixed_length_index(
 ):
     """What ``_get_index`` returns for slices of ``seq_length`` steps inside the drawn trajectories, which start at ``rows`` (and ``lanes``, for two-dimensional storages) and hold ``lengths`` rows, all on the CPU.
 
-    Where no trajectory ``wraps`` around the storage's end and float32 holds every room
-    exactly, no slice does.
-
-    The same ``torch.rand`` draw, from the same generator, places each slice in its
-    trajectory, with the float32 arithmetic ``_get_index`` uses; the index is the one
-    ``_tensor_slices_from_startend`` builds, and ``_finalize_index`` adds the info.
+    The same ``torch.rand`` draw places each slice, with ``_get_index``'s float32
+    arithmetic; no slice wraps around the storage's end where no trajectory
+    ``wraps`` and float32 holds every room exactly. ``_finalize_index`` adds the info.
     """
     num_slices = rows.shape[0]
     uniform = torch.rand(num_slices, generator=sampler._rng).numpy()
-    starts = rows + _relative_starts(uniform, lengths, seq_length)
+    starts = _relative_starts(uniform, lengths, seq_length)
+    starts += rows
     # torch owns the index, as it owns _get_index's; numpy writes it
     index = torch.empty(
         (num_slices * seq_length, 1 if lanes is None else 2), dtype=torch.long
     )
-    slices = index.numpy().reshape(num_slices, seq_length, -1)
-    steps = slices[:, :, 0]
-    np.add(starts[:, None], np.arange(seq_length), out=steps)
+    columns = index.numpy()
+    steps = columns[:, 0]
+    np.add(starts.repeat(seq_length), _slice_steps(seq_length, num_slices), out=steps)
     if (
         wraps or storage_length > _FLOAT32_EXACT
     ) and starts.max() > storage_length - seq_length:
@@ -216,7 +242,7 @@ def _fixed_length_index(
         np.remainder(steps, storage_length, out=steps)
     if lanes is not None:
         # the lane of each slice repeats along it
-        slices[:, :, 1] = lanes[:, None]
+        columns[:, 1] = lanes.repeat(seq_length)
     return sampler._finalize_index(
         index=index,
         num_slices=num_slices,
@@ -231,17 +257,26 @@ def _fixed_length_index(
 _FLOAT32_EXACT = 1 << 24
 
 
+@functools.lru_cache(maxsize=16)
+def _slice_steps(seq_length: int, num_slices: int) -> np.ndarray:
+    """``0, 1, ..., seq_length - 1`` for each of ``num_slices`` slices, flat (read-only)."""
+    steps = np.tile(np.arange(seq_length), num_slices)
+    steps.flags.writeable = False
+    return steps
+
+
 def _relative_starts(
     uniform: np.ndarray, lengths: np.ndarray, seq_length: int
 ) -> np.ndarray:
     """Where slices of ``seq_length`` steps start in trajectories of ``lengths`` rows (each at least ``seq_length``), from the float32 draws ``uniform``.
 
     ``_get_index``'s ``(uniform * room).floor().to(torch.int64)``, in numpy: torch
-    promotes the int64 room to float32 and multiplies in float32, as here, and the
-    product is not negative (every room is at least 1), so truncation floors it.
+    promotes the int64 room to float32 and multiplies in float32, as the multiply
+    here does, and the product is not negative (every room is at least 1), so
+    truncation floors it.
     """
-    room = (lengths - seq_length + 1).astype(np.float32)
-    return (uniform * room).astype(np.int64)
+    room = lengths - (seq_length - 1)
+    return np.multiply(uniform, room, dtype=np.float32).astype(np.int64)
 
 
 @functools.cache

@@ -181,7 +181,7 @@ class TrajectoryBoundaries:
                 self._pending, self._pending_rows = [], 0
                 self._result = self._placed = None
                 return
-            self._pending.append(rows.reshape(-1))
+            self._pending.append(rows if rows.ndim == 1 else rows.reshape(-1))
 
     def boundaries(
         self,

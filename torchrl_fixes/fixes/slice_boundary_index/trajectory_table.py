@@ -2,13 +2,10 @@
 
 Pure numpy and torch: nothing here imports TorchRL. While a one-lane storage is not
 full and every write lands past its valid rows (an online buffer until it fills),
-its trajectories are those of a :class:`~.trajectory_order.TrajectoryOrder` whose
-stops only grow at the end. :class:`TrajectoryTable` keeps them flat, each
-trajectory's first row and length in order, so that ``k`` written rows are appended
-in a few operations and a sample reads the trajectories it draws with two fancy
-indices. :class:`GrowingStorageTable` keeps one for an index of end flags
-(:class:`~.trajectory_boundaries.TrajectoryBoundaries`, as one of its followers) and
-drops it at the first write that is not an append.
+:class:`TrajectoryTable` keeps its trajectories flat, each one's first row and
+length: ``k`` written rows are appended in a few operations, and a sample reads
+the trajectories it draws with two fancy indices. :class:`GrowingStorageTable`
+keeps one for an index of end flags, as one of its followers.
 """
 from __future__ import annotations
 
@@ -23,6 +20,8 @@ from torchrl_fixes.fixes.slice_boundary_index.trajectory_boundaries import (
 
 # The length of the shortest closed trajectory while there is none.
 _NO_LENGTH = np.iinfo(np.int64).max
+# The lowest row written while none is.
+_NO_ROW = np.iinfo(np.int64).max
 
 
 class TrajectoryTable:
@@ -94,9 +93,7 @@ class TrajectoryTable:
         """``(count, ranks)``: the trajectories at least ``min_length`` rows long.
 
         The first ``count`` trajectories where ``ranks`` is ``None``, else those of
-        ``ranks[:count]``, in order. Where some closed trajectory is shorter, the
-        ranks of those long enough are kept per ``min_length`` and a write appends
-        its own: a sample never scans the table.
+        ``ranks[:count]``, kept per ``min_length``: a sample never scans the table.
         """
         last_long = not self.last_open or self._lengths[self.count - 1] >= min_length
         if self._shortest_closed >= min_length:
@@ -160,15 +157,10 @@ class TrajectoryTable:
 class GrowingStorageTable:
     """A :class:`TrajectoryTable` of an index's end flags, kept while its storage only grows.
 
-    One of the index's followers (:func:`GrowingStorageTable.of`): it keeps the rows
-    each write touches, and :meth:`table` appends the rows from the table's last one
-    on, where every write landed there, or drops the table. A dropped table is made
-    again from the index's order once as many rows as it had trajectories have been
-    written: O(1) per row, whatever the writes.
-
-    Keyword Args:
-        max_pending (int, optional): the number of written rows past which the
-            table is dropped rather than appended to. Defaults to 2**20.
+    One of the index's followers: it keeps the lowest row each write touches, and a
+    query appends the rows from the table's last one on where no write landed
+    before it, or drops the table, made again from the index's order once as many
+    rows as it had trajectories have been written.
 
     Examples:
         >>> import torch
@@ -188,103 +180,92 @@ class GrowingStorageTable:
         array([ 2,  7, 12, 14])
     """
 
-    def __init__(self, *, max_pending: int = 1 << 20):
-        self.max_pending = max_pending
+    def __init__(self):
         self._written_since_drop = 0
-        self._remake_after = 0
         self.reset()
 
     @classmethod
     def of(cls, index: TrajectoryBoundaries) -> GrowingStorageTable | None:
-        """The one that follows ``index``, made (and added to its followers) on first use.
-
-        ``None`` for an index of trajectory ids, which no table serves: its writes
-        are not followed.
-        """
+        """The one that follows ``index``, made on first use (``None`` for trajectory ids: no table serves them)."""
         if index.kind != "end":
             return None
         for follower in index.followers:
             if type(follower) is cls:
                 return follower
-        follower = cls(max_pending=index.max_pending)
+        follower = cls()
         index.followers.append(follower)
         return follower
 
     def reset(self) -> None:
         """Forgets the table: the next :meth:`table` makes it from the index's order."""
         self._table: TrajectoryTable | None = None
-        self._rows: list[torch.Tensor] = []  # written since the table's last query
-        self._pending = 0
+        self._written = False  # whether rows were written since the table's last query
+        self._lowest = _NO_ROW  # the lowest of them
         self._remake_after = 0
 
     def mark_written(self, rows: torch.Tensor) -> None:
-        """Records that ``rows`` were written (O(1): they are read at the next query)."""
+        """Records that ``rows`` (on the CPU) were written: the lowest of them, read at once."""
         count = rows.numel()
         self._written_since_drop += count
-        if self._table is None:
+        if self._table is None or not count:
             return
-        self._pending += count
-        if self._pending > self.max_pending:
-            self._drop()
-        else:
-            self._rows.append(rows.reshape(-1))
+        self._written = True
+        lowest = int(rows.min())
+        if lowest < self._lowest:
+            self._lowest = lowest
 
     def table(
         self, index: TrajectoryBoundaries, signal: Signal, **geometry
     ) -> TrajectoryTable | None:
         """``index``'s trajectories as a :class:`TrajectoryTable`, or ``None`` (ask the index).
 
-        Takes the arguments of :meth:`TrajectoryBoundaries.boundaries` but
-        ``device``. There is a table for the end flags of a one-lane storage that is
-        not full, while every write lands past the valid rows. Valid until the next
-        write or query (callers hold the index's lock).
+        Takes :meth:`TrajectoryBoundaries.boundaries`' arguments but ``device``. There is
+        one while a one-lane storage is not full and every write lands past its rows.
         """
         geometry.setdefault("lanes", 1)
-        length, at_capacity = geometry["length"], geometry["at_capacity"]
         with index.lock:
-            if self._table is not None:
-                self._append_written(signal, length, at_capacity)
-                if self._table is not None:
-                    return self._table
-            if at_capacity or geometry["lanes"] != 1:
+            table = self.current(signal, geometry)
+            if table is not None:
+                return table
+            if geometry["at_capacity"] or geometry["lanes"] != 1:
                 return None
             if self._written_since_drop < self._remake_after:
                 return None
+            length = geometry["length"]
             stops = index.trajectories(signal, **geometry).stops().numpy()
             last = _read(signal, slice(length - 1, length))
             self._table = TrajectoryTable(stops, length, not bool(last.reshape(-1)[0]))
-            self._rows, self._pending = [], 0
+            self._written, self._lowest = False, _NO_ROW
             return self._table
 
-    def _append_written(self, signal: Signal, length: int, at_capacity: bool) -> None:
-        """Appends the rows written since the last query to the table, or drops it.
+    def current(self, signal: Signal, geometry: dict) -> TrajectoryTable | None:
+        """The table with the rows written since the last query appended, or ``None``.
 
         It is dropped where the storage is full or a write landed before its last
-        row: the rows from its last one on are read whatever was written there (any
-        order, repeats, holes), as the rows before it are unchanged.
+        row; the rows from its last one on are read whatever was written there (any
+        order, repeats, holes). Callers hold the lock the index's writes take.
         """
-        table, rows = self._table, self._rows
-        first = table.length
-        if not rows and length == first and not at_capacity:
-            return
-        self._rows, self._pending = [], 0
-        if (
-            at_capacity
-            or length <= first
-            or not rows
-            or any(row.numel() and int(row.min()) < first for row in rows)
-        ):
+        table = self._table
+        if table is None:
+            return None
+        first, length = table.length, geometry["length"]
+        if not self._written and length == first and not geometry["at_capacity"]:
+            return table
+        written, lowest = self._written, self._lowest
+        self._written, self._lowest = False, _NO_ROW
+        if geometry["at_capacity"] or length <= first or not written or lowest < first:
             self._drop()
-            return
+            return None
         ends = _read(signal, slice(first, length))
         if not isinstance(ends, np.ndarray):
             ends = ends.cpu().numpy()
         table.append(ends.reshape(-1))
+        return table
 
     def _drop(self) -> None:
         self._remake_after = self._table.count
         self._written_since_drop = 0
-        self._table, self._rows, self._pending = None, [], 0
+        self._table, self._written, self._lowest = None, False, _NO_ROW
 
 
 def _room(size: int) -> int:

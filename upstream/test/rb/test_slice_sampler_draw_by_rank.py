@@ -8,6 +8,7 @@ from tensordict import TensorDict
 
 from torchrl.data import LazyTensorStorage
 from torchrl.data.replay_buffers import SliceSampler
+from torchrl_fixes.fixes.slice_boundary_index.slice_sampling import _TABLE_DRAWS
 from torchrl_fixes.fixes.slice_boundary_index.trajectory_boundaries import TrajectoryBoundaries
 
 
@@ -145,3 +146,60 @@ class TestSliceSamplerDrawByRank:
                     samples.append(sampler.sample(storage, 8))
             _assert_same_sample(*samples)
         assert not order_queries
+
+    def test_the_kept_draw_serves_until_something_changes(self):
+        """A sampler that drew from its storage's table draws from it again, the rows
+        written since appended, without asking the index; a change of batch size,
+        slice options, storage or storage state makes the next sample ask it
+        again. Every sample is the listing's."""
+
+        def rows(start, n):
+            step = torch.arange(start, start + n)
+            done = (step % 7 == 6) | (step % 11 == 10)
+            return TensorDict({"obs": step, ("next", "done"): done[:, None]}, [n])
+
+        storages = [LazyTensorStorage(120), LazyTensorStorage(120)]
+        for storage in storages:
+            storage.set(torch.arange(30), rows(0, 30))
+        samplers = [
+            cls(num_slices=4, end_key=("next", "done"), truncated_key=None)
+            for cls in (SliceSampler, ListingSliceSampler)
+        ]
+        written = 30
+        kept = []
+
+        def sample(storage, batch_size, seed):
+            samples = []
+            for sampler in samplers:
+                torch.manual_seed(seed)
+                samples.append(sampler.sample(storage, batch_size))
+            _assert_same_sample(*samples)
+            kept.append(_TABLE_DRAWS.get(samplers[0]))
+
+        def write(storage, rows_written, data):
+            storage.set(rows_written, data)
+
+        sample(storages[0], 8, 0)
+        sample(storages[0], 8, 1)  # no write: the kept draw
+        write(storages[0], torch.arange(written, written + 9), rows(written, 9))
+        written += 9
+        sample(storages[0], 8, 2)  # written past the stored rows: appended
+        assert kept[0] is not None and kept[1] is kept[0] and kept[2] is kept[0]
+        sample(storages[0], 12, 3)  # another batch size
+        assert kept[3] is not kept[2]
+        for sampler in samplers:
+            sampler.num_slices = 3
+        sample(storages[0], 12, 4)  # other slice options
+        assert kept[4] is not kept[3]
+        sample(storages[1], 12, 5)  # another storage
+        assert kept[5] is not kept[4]
+        assert None not in kept
+        write(storages[1], torch.tensor([3]), rows(10, 1))
+        sample(storages[1], 12, 6)  # a row before the last rewritten: no table
+        storages[0].set(torch.arange(written, 120), rows(written, 120 - written))
+        sample(storages[0], 12, 7)  # full: no table
+        storages[0]._empty()
+        storages[0].set(torch.arange(40), rows(500, 40))
+        sample(storages[0], 12, 8)  # emptied (not recorded) and written again
+        sample(storages[0], 12, 9)
+        assert kept[9] is kept[8] is not None

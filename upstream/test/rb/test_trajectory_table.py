@@ -123,6 +123,8 @@ class TestGrowingStorageTable:
         index.mark_written(torch.tensor([25]))
         assert _table(index, done, 26) is table
         _assert_table_matches(table, done, 26)
+        index.mark_written(torch.tensor([], dtype=torch.long))
+        assert _table(index, done, 26) is table
         index.mark_written(torch.tensor([26, 27, 2]))
         assert _table(index, done, 28) is None
 
@@ -165,6 +167,14 @@ class TestGrowingStorageTable:
             lanes=2,
         )
         assert table is None
+
+    def test_rows_no_write_recorded_drop_the_table(self):
+        """More valid rows than the recorded writes account for: the order serves."""
+        done = torch.zeros(50, dtype=torch.bool)
+        done[[3, 9]] = True
+        index = TrajectoryBoundaries("end")
+        assert _table(index, done, 10) is not None
+        assert _table(index, done, 12) is None
 
     def test_a_reset_of_the_index_forgets_the_table(self):
         done = torch.zeros(50, dtype=torch.bool)

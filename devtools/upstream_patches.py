@@ -1164,12 +1164,13 @@ benchmarks/test_slice_sampler_online_benchmark.py --benchmark-only`, main with
   A buffer still filling, done flags, 1,000-step episodes (`pytest
   benchmarks/test_slice_sampler_growing_benchmark.py --benchmark-only`, new
   in this pull request: 256 slices of 4, median of 100 samples, the
-  RandomSampler sample of the same storage beside them):
+  RandomSampler sample of the same storage beside them; two runs of each
+  tree, in turn):
                                 main     0001-0006   0001-0007   RandomSampler
-    1M stored, static          1.46 ms    0.23 ms     0.15 ms      0.09 ms
-    1M stored, after a write   1.45 ms    0.42 ms     0.21 ms      0.11 ms
-    5M stored, static          7.64 ms    0.25 ms     0.15 ms      0.11 ms
-    5M stored, after a write   7.59 ms    0.47 ms     0.23 ms      0.12 ms
+    1M stored, static          1.0 ms     0.26 ms     0.14 ms      0.08 ms
+    1M stored, after a write   1.05 ms    0.38 ms     0.21 ms      0.13 ms
+    5M stored, static          3.2-4.0    0.28 ms     0.16 ms      0.11 ms
+    5M stored, after a write   3.3-3.6    0.41 ms     0.24 ms      0.13 ms
 
 """
 

@@ -61,7 +61,7 @@ def _sample_from_index(sampler, storage, batch_size: int):
 class _TableDraw(NamedTuple):
     """How a sampler's slices are drawn from its storage's trajectory table, kept between samples."""
 
-    index: weakref.ref  # the index whose table it is
+    index_ref: weakref.ref  # the index whose table it is
     growing: GrowingStorageTable
     request: tuple  # what _table_request gave
     seq_length: int
@@ -93,7 +93,7 @@ def _sample_from_kept_table(sampler, storage, batch_size: int):
         return None
     same = draw.request == _table_request(sampler, batch_size)
     plan = _current_plan(sampler, storage) if same else None
-    if plan is not None and plan.index is draw.index():
+    if plan is not None and plan.index is draw.index_ref():
         # the lock every recorded write holds: the table is not appended to meanwhile
         with plan.lock:
             plan.boundaries.last_source = plan.index_key

@@ -199,17 +199,15 @@ class GrowingStorageTable:
     def reset(self) -> None:
         """Forgets the table: the next :meth:`table` makes it from the index's order."""
         self._table: TrajectoryTable | None = None
-        self._written = False  # whether rows were written since the table's last query
-        self._lowest = _NO_ROW  # the lowest of them
+        self._lowest = _NO_ROW  # the lowest row written since the table's last query
         self._remake_after = 0
 
     def mark_written(self, rows: torch.Tensor) -> None:
-        """Records that ``rows`` (on the CPU) were written: the lowest of them, read at once."""
+        """Records that ``rows`` were written: the lowest of them, read at once."""
         count = rows.numel()
         self._written_since_drop += count
         if self._table is None or not count:
             return
-        self._written = True
         lowest = int(rows.min())
         if lowest < self._lowest:
             self._lowest = lowest
@@ -235,7 +233,7 @@ class GrowingStorageTable:
             stops = index.trajectories(signal, **geometry).stops().numpy()
             last = _read(signal, slice(length - 1, length))
             self._table = TrajectoryTable(stops, length, not bool(last.reshape(-1)[0]))
-            self._written, self._lowest = False, _NO_ROW
+            self._lowest = _NO_ROW
             return self._table
 
     def current(self, signal: Signal, geometry: dict) -> TrajectoryTable | None:
@@ -249,11 +247,11 @@ class GrowingStorageTable:
         if table is None:
             return None
         first, length = table.length, geometry["length"]
-        if not self._written and length == first and not geometry["at_capacity"]:
+        lowest, self._lowest = self._lowest, _NO_ROW
+        if lowest == _NO_ROW and length == first and not geometry["at_capacity"]:
             return table
-        written, lowest = self._written, self._lowest
-        self._written, self._lowest = False, _NO_ROW
-        if geometry["at_capacity"] or length <= first or not written or lowest < first:
+        # full, a write before the table's last row, or rows valid that no write recorded
+        if geometry["at_capacity"] or length <= first or not first <= lowest < _NO_ROW:
             self._drop()
             return None
         ends = _read(signal, slice(first, length))
@@ -265,7 +263,7 @@ class GrowingStorageTable:
     def _drop(self) -> None:
         self._remake_after = self._table.count
         self._written_since_drop = 0
-        self._table, self._written, self._lowest = None, False, _NO_ROW
+        self._table, self._lowest = None, _NO_ROW
 
 
 def _room(size: int) -> int:

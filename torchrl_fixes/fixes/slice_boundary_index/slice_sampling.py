@@ -123,12 +123,8 @@ def _sample_trajectories(
     """
     seq_length, num_slices = sampler._adjusted_batch_size(batch_size)
     storage_length = geometry["length"]  # the valid rows along dim 0: storage.shape[0]
-    fixed_length = (
-        device.type == "cpu"
-        and not sampler.span[0]
-        and not sampler.span[1]
-        and _classes_index_reason(type(sampler)) is None
-    )
+    fixed_length = device.type == "cpu" and not any(sampler.span)
+    fixed_length = fixed_length and _classes_index_reason(type(sampler)) is None
     if fixed_length:
         growing = GrowingStorageTable.of(index)
         table = None if growing is None else growing.table(index, signal, **geometry)

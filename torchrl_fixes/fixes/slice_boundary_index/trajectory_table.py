@@ -3,8 +3,8 @@
 Pure numpy and torch: nothing here imports TorchRL. While a one-lane storage is not
 full and every write lands past its valid rows (an online buffer until it fills),
 :class:`TrajectoryTable` keeps its trajectories flat, each one's first row and
-length: ``k`` written rows are appended in a few operations, and a sample reads
-the trajectories it draws with two fancy indices. :class:`GrowingStorageTable`
+length: ``k`` written rows are appended in O(k), and a sample reads the
+trajectories it draws with two fancy indices. :class:`GrowingStorageTable`
 keeps one for an index of end flags, as one of its followers.
 """
 from __future__ import annotations
@@ -22,6 +22,8 @@ from torchrl_fixes.fixes.slice_boundary_index.trajectory_boundaries import (
 _NO_LENGTH = np.iinfo(np.int64).max
 # The lowest row written while none is.
 _NO_ROW = np.iinfo(np.int64).max
+# Up to this many trajectories closed by one append are added row by row.
+_FEW_STOPS = 64
 
 
 class TrajectoryTable:
@@ -113,41 +115,49 @@ class TrajectoryTable:
         return count + 1, ranks
 
     def append(self, ends: np.ndarray) -> None:
-        """Adds the rows after the last one, whose end flags are ``ends``.
+        """Adds the rows after the last one, whose end flags are ``ends`` (booleans).
 
         The open trajectory, if any, continues into them; O(len(ends)).
         """
-        first = self.length
+        first, flags = self.length, ends.tobytes()
         # the last row was a stop for being last only: it goes
-        count = self.count - self.last_open
-        stops = ends.nonzero()[0]
-        closed = stops.size
-        self.last_open = not ends[-1]
+        count, closed = self.count - self.last_open, flags.count(1)
+        self.last_open = not flags[-1]
         total = count + closed + self.last_open
         if total + 1 > self._bounds.size:
             self._bounds, self._lengths = (
                 _with_room(kept[: count + 1], total + 1)
                 for kept in (self._bounds, self._lengths)
             )
-        bounds = self._bounds
-        np.add(stops, first + 1, out=bounds[count + 1 : count + closed + 1])
+        # Python's scalar reads and writes: between samples numpy's code is out of
+        # the cache, and a few of them cost less than one of its calls there
+        bounds, lengths = memoryview(self._bounds), memoryview(self._lengths)
+        if closed > _FEW_STOPS:
+            closing = self._bounds[count : count + closed + 1]
+            np.add(ends.nonzero()[0], first + 1, out=closing[1:])
+            new_lengths = self._lengths[count : count + closed]
+            np.subtract(closing[1:], closing[:-1], out=new_lengths)
+            self._shortest_closed = min(self._shortest_closed, int(new_lengths.min()))
+        else:
+            stop = -1
+            for rank in range(count, count + closed):
+                stop = flags.find(1, stop + 1)
+                bounds[rank + 1] = first + stop + 1
+                lengths[rank] = bounds[rank + 1] - bounds[rank]
+                self._shortest_closed = min(self._shortest_closed, lengths[rank])
         if self.last_open:
-            bounds[total] = first + ends.size
-        # the lengths of the trajectories from the one that was open on
-        lengths = self._lengths[count:total]
-        np.subtract(bounds[count + 1 : total + 1], bounds[count:total], out=lengths)
-        if closed:
-            shortest = int(np.minimum.reduce(lengths[:closed]))
-            self._shortest_closed = min(self._shortest_closed, shortest)
+            bounds[total] = first + len(flags)
+            lengths[total - 1] = bounds[total] - bounds[total - 1]
+        if closed and self._long_enough:
+            new_lengths = self._lengths[count : count + closed]
             for min_length, kept in self._long_enough.items():
-                ranks = (lengths[:closed] >= min_length).nonzero()[0]
-                ranks += count
+                ranks = (new_lengths >= min_length).nonzero()[0] + count
                 if kept[1] + ranks.size + 1 > kept[0].size:
                     kept[0] = _with_room(kept[0][: kept[1]], kept[1] + ranks.size + 1)
                 kept[0][kept[1] : kept[1] + ranks.size] = ranks
                 kept[1] += ranks.size
         self.count = total
-        self.length = first + ends.size
+        self.length = first + len(flags)
 
     def select(self, ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(start, length)`` of the trajectories of ``ranks`` (int64 arrays)."""

@@ -61,6 +61,17 @@ class TestTrajectoryTable:
             length += k
             _assert_table_matches(table, done, length)
 
+    @pytest.mark.parametrize("rows_per_append", [3, 40, 300])
+    def test_appends_closing_few_or_many_trajectories(self, rows_per_append):
+        """Appends that close a handful of trajectories or a hundred, read between them."""
+        generator = torch.Generator().manual_seed(rows_per_append)
+        done = torch.rand(3000, generator=generator) < 0.4
+        _, stop, _ = _listed(done, 10)
+        table = TrajectoryTable(stop.numpy(), 10, not bool(done[9]))
+        for length in range(10 + rows_per_append, 3000, rows_per_append):
+            table.append(done[length - rows_per_append : length].numpy())
+            _assert_table_matches(table, done, length)
+
     def test_the_table_grows_past_its_room(self):
         done = torch.ones(5000, dtype=torch.bool)
         table = TrajectoryTable(torch.tensor([0, 1]).numpy(), 2, False)

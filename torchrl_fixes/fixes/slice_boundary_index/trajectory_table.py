@@ -129,8 +129,8 @@ class TrajectoryTable:
                 _with_room(kept[: count + 1], total + 1)
                 for kept in (self._bounds, self._lengths)
             )
-        # Python's scalar reads and writes: between samples numpy's code is out of
-        # the cache, and a few of them cost less than one of its calls there
+        # for Python's scalar reads and writes: a few cost less than one numpy call,
+        # whose code is out of the cache between samples
         bounds, lengths = memoryview(self._bounds), memoryview(self._lengths)
         if closed > _FEW_STOPS:
             closing = self._bounds[count : count + closed + 1]

@@ -67,12 +67,9 @@ class TrajectoryTable:
         room = _room(count + 1)
         self._bounds = np.empty(room, dtype=np.int64)
         self._bounds[0] = 0
-        np.add(stops, 1, out=self._bounds[1 : count + 1])
         # the length of each trajectory, kept so that a sample reads it at once
         self._lengths = np.empty(room, dtype=np.int64)
-        np.subtract(
-            self._bounds[1 : count + 1], self._bounds[:count], out=self._lengths[:count]
-        )
+        self._close(stops, 0)
         self.count = count
         self.length = length
         self.last_open = last_open
@@ -133,10 +130,7 @@ class TrajectoryTable:
         # whose code is out of the cache between samples
         bounds, lengths = memoryview(self._bounds), memoryview(self._lengths)
         if closed > _FEW_STOPS:
-            closing = self._bounds[count : count + closed + 1]
-            np.add(ends.nonzero()[0], first + 1, out=closing[1:])
-            new_lengths = self._lengths[count : count + closed]
-            np.subtract(closing[1:], closing[:-1], out=new_lengths)
+            new_lengths = self._close(ends.nonzero()[0] + first, count)
             self._shortest_closed = min(self._shortest_closed, int(new_lengths.min()))
         else:
             stop = -1
@@ -158,6 +152,13 @@ class TrajectoryTable:
                 kept[1] += ranks.size
         self.count = total
         self.length = first + len(flags)
+
+    def _close(self, stops: np.ndarray, count: int) -> np.ndarray:
+        """Ends trajectory ``count`` and those after it at ``stops``: their bounds and lengths."""
+        bounds = self._bounds[count : count + stops.size + 1]
+        np.add(stops, 1, out=bounds[1:])
+        lengths = self._lengths[count : count + stops.size]
+        return np.subtract(bounds[1:], bounds[:-1], out=lengths)
 
     def select(self, ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(start, length)`` of the trajectories of ``ranks`` (int64 arrays)."""

@@ -116,16 +116,23 @@ def stock_attribute(owner: Any, name: str) -> Any:
 def boundary_index_module(part: str = "slice"):
     """A module of the slice boundary index: ``"slice"`` (what samplers read:
     ``boundary_source``, ``fallback_reason``), ``"storage"`` (the storage's entry and
-    its signals: ``_AGREEMENT_BATCH``) or ``"cache"`` (the boundary cache's functions:
-    ``_storage_boundaries``, ``is_compiling``; TorchRL's ``utils`` upstream)."""
+    its signals: ``_AGREEMENT_BATCH``), ``"cache"`` (the boundary cache's functions:
+    ``_storage_boundaries``, ``is_compiling``; TorchRL's ``utils`` upstream) or
+    ``"sampling"`` (the draw of a sample: ``_TABLE_DRAWS``)."""
     if UPSTREAM:
         name = {
             "slice": "samplers._slice_boundaries",
             "storage": "storage_boundaries",
             "cache": "utils",
+            "sampling": "samplers._slice_sampling",
         }[part]
         return importlib.import_module(f"torchrl.data.replay_buffers.{name}")
-    name = {"slice": "slice_boundaries", "storage": "storage_boundaries", "cache": "boundary_cache"}[part]
+    name = {
+        "slice": "slice_boundaries",
+        "storage": "storage_boundaries",
+        "cache": "boundary_cache",
+        "sampling": "slice_sampling",
+    }[part]
     return importlib.import_module(f"torchrl_fixes.fixes.slice_boundary_index.{name}")
 
 

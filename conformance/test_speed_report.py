@@ -57,11 +57,12 @@ def test_markdown_table_from_a_json_file(tmp_path, capsys):
     expected = "\n".join(
         [
             "| scenario | stock median | patched median | speed-up (stock/patched) "
-            "| RandomSampler floor | patched/floor | gather floor | patched/gather floor |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-            "| seed_table done 1M/1.2M | 24 ms | 300 µs | 80.00x | - | - | - | - |",
-            "| extend room done 1M/1.5M | 100 µs | 110 µs | 0.91x | - | - | - | - |",
-            "| online step done 2M/3M | 1.5 s | - | - | - | - | - | - |",
+            "| RandomSampler floor | patched/floor | gather floor | patched/gather floor "
+            "| tensor-ops floor | patched/tensor-ops floor |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+            "| seed_table done 1M/1.2M | 24 ms | 300 µs | 80.00x | - | - | - | - | - | - |",
+            "| extend room done 1M/1.5M | 100 µs | 110 µs | 0.91x | - | - | - | - | - | - |",
+            "| online step done 2M/3M | 1.5 s | - | - | - | - | - | - | - | - |",
         ]
     )
     assert markdown_table(path) == expected
@@ -223,8 +224,8 @@ def test_write_markdown_puts_the_header_above_the_table(tmp_path):
     assert lines[1] == ""
     assert lines[2].startswith("| scenario |")
     assert (
-        "| seed_table episode 1000000/1200000 | 24 ms | 300 µs | 80.00x | - | - | - | - |"
-        in lines
+        "| seed_table episode 1000000/1200000 | 24 ms | 300 µs | 80.00x"
+        " | - | - | - | - | - | - |" in lines
     )
 
 
@@ -332,6 +333,8 @@ def test_cli_json_prints_the_rows(tmp_path, capsys):
         "patched_over_floor": None,
         "gather_floor_s": None,
         "patched_over_gather_floor": None,
+        "tensor_ops_floor_s": None,
+        "patched_over_tensor_ops_floor": None,
         "episode_len": None,
     }
     assert printed[6]["speedup"] == 1.0
@@ -382,7 +385,7 @@ def test_a_floor_timed_in_the_same_rounds_is_in_the_row_and_the_table():
     table = markdown_table(SWEEP).splitlines()
     assert table[2] == (
         "| sweep sample-after-write done 2M/3M, 1000-step episodes | 20 ms | 1.2 ms | 16.67x"
-        " | 1 ms | 1.20x | - | - |"
+        " | 1 ms | 1.20x | - | - | - | - |"
     )
 
 
@@ -397,17 +400,50 @@ def test_the_gather_floor_is_in_the_row_the_table_and_the_json(tmp_path, capsys)
     }
     assert markdown_table(SWEEP_WITH_GATHER).splitlines()[2:] == [
         "| sweep sample-after-write done 2M/3M, 1000-step episodes | 20 ms | 1.2 ms | 16.67x"
-        " | 1 ms | 1.20x | 400 µs | 3.00x |",
+        " | 1 ms | 1.20x | 400 µs | 3.00x | - | - |",
         "| sweep sample-after-write done 2M/3M, 100-step episodes | 25 ms | 1.3 ms | 19.23x"
-        " | 1 ms | 1.30x | 520 µs | 2.50x |",
+        " | 1 ms | 1.30x | 520 µs | 2.50x | - | - |",
         "| sweep sample-after-write done 2M/3M, 10-step episodes | 30 ms | 1.5 ms | 20.00x"
-        " | 1 ms | 1.50x | - | - |",
+        " | 1 ms | 1.50x | - | - | - | - |",
     ]
     assert main([_write(tmp_path, "bench.json", SWEEP_WITH_GATHER), "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed[0]["gather_floor_s"] == 0.0004
     assert printed[0]["patched_over_gather_floor"] == pytest.approx(3.0)
     assert (printed[2]["gather_floor_s"], printed[2]["patched_over_gather_floor"]) == (None, None)
+
+
+def _seed_bench(scenario, patched, floors):
+    info = {
+        "scenario": scenario, "variant": "pair", "operation": "seed_table", "key": "done",
+        "stock_median_s": 0.005, "patched_median_s": patched,
+        **{f"{name}_median_s": value for name, value in floors.items()},
+    }
+    return {"extra_info": info}
+
+
+def test_the_tensor_ops_floor_is_in_the_row_the_table_and_the_json(tmp_path, capsys):
+    report = {"benchmarks": [
+        _seed_bench("seed_table done 5M/6M", 0.0003, {
+            "floor": 0.0002, "gather_floor": 0.00015, "tensor_ops_floor": 0.00025,
+        }),
+        _seed_bench("seed_table episode 5M/6M", 0.0004, {"floor": 0.0002}),
+    ]}
+    with_ops, without = rows(report)
+    assert with_ops.tensor_ops_floor == 0.00025
+    assert with_ops.over_tensor_ops_floor == pytest.approx(1.2)
+    assert (without.tensor_ops_floor, without.over_tensor_ops_floor) == (None, None)
+    assert markdown_table(report).splitlines()[2:] == [
+        "| seed_table done 5M/6M | 5 ms | 300 µs | 16.67x | 200 µs | 1.50x | 150 µs | 2.00x"
+        " | 250 µs | 1.20x |",
+        "| seed_table episode 5M/6M | 5 ms | 400 µs | 12.50x | 200 µs | 2.00x | - | -"
+        " | - | - |",
+    ]
+    assert main([_write(tmp_path, "bench.json", report), "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed[0]["tensor_ops_floor_s"] == 0.00025
+    assert printed[0]["patched_over_tensor_ops_floor"] == pytest.approx(1.2)
+    assert printed[1]["tensor_ops_floor_s"] is None
 
 
 def test_the_sweep_is_drawn_against_trajectories_with_its_floor(tmp_path):

@@ -64,7 +64,8 @@ def test_floors_take_turns_and_their_setups_are_untimed(clock):
             "gather_floor": Floor(timed=lambda: turn("gather_floor"), setup=gather_setup),
         },
     )
-    # stock opens each round; patched and the floors follow it in turn
+    # stock opens each round; patched and the floors follow it in turn, the other
+    # way round once each has come first
     patched = ["setup patched", "patched"]
     gather_floor = ["setup gather_floor", "gather_floor"]
     stock = ["setup stock", "stock"]
@@ -72,11 +73,33 @@ def test_floors_take_turns_and_their_setups_are_untimed(clock):
         *stock, *patched, "floor", *gather_floor,
         *stock, "floor", *gather_floor, *patched,
         *stock, *gather_floor, *patched, "floor",
-        *stock, *patched, "floor", *gather_floor,
+        *stock, *gather_floor, "floor", *patched,
     ]
     assert medians == pytest.approx(
         {"stock": 8.0, "patched": 2.0, "floor": 0.5, "gather_floor": 0.3}
     )
+
+
+def test_each_turn_follows_its_neighbours_as_often_as_it_precedes_them(clock):
+    ran = []
+
+    def turn(name):
+        ran.append(name)
+        clock.now += 1.0
+
+    floors = {name: (lambda name=name: turn(name)) for name in ("a", "b", "c")}
+    # two cycles of the four turns after stock: one each way
+    time_in_turn(FakeBenchmark(), turn, rounds=8, warmup_rounds=0, floors=floors)
+    rounds = [ran[i + 1 : i + 5] for i in range(0, len(ran), 5)]
+    assert all(ran[i] == "stock" for i in range(0, len(ran), 5))
+    # each turn comes right after stock twice
+    assert sorted(order[0] for order in rounds) == sorted(["patched", "a", "b", "c"] * 2)
+    followed = {}
+    for order in rounds:
+        for before, after in zip(order, order[1:]):
+            followed[before, after] = followed.get((before, after), 0) + 1
+    assert followed[("c", "patched")] == 3
+    assert all(count == followed.get((after, before)) for (before, after), count in followed.items())
 
 
 def test_extra_info_carries_each_floor_median(clock):

@@ -35,9 +35,12 @@ def time_in_turn(
     variant, in an order that alternates from round to round, so that a load that
     comes and goes on the machine hits both alike. With floors, stock opens every
     round and the others (patched, then the floors) follow it in an order that
-    rotates from round to round: each of them comes right after stock (whose pass
-    over a large storage leaves the caches cold) in as many rounds as the others,
-    so that patched and its floors are timed alike. The first ``warmup_rounds`` are
+    rotates from round to round, one way for as many rounds as there are of them,
+    then the other way: each of them comes right after stock (whose pass over a
+    large storage leaves the caches cold) in as many rounds as the others, and
+    right after each of its neighbours as often as right before it (a turn leaves
+    warm the code it shares with the next), so that patched and its floors are
+    timed alike. The first ``warmup_rounds`` are
     not counted. ``benchmark.extra_info`` gets ``variant`` ``"pair"``,
     ``stock_median_s``, ``patched_median_s`` and ``speedup`` (stock / patched);
     pytest-benchmark's own statistics time whole rounds (both variants, the floors
@@ -53,7 +56,8 @@ def time_in_turn(
             RandomSampler sample of the same batch), a :class:`Floor` or a callable.
             Each takes its turn in each round, after stock, in the rotation
             described above (patched, then the floors in the order given, at
-            round 0); its median goes in ``{name}_median_s``. A floor's
+            round 0, and the reverse of that order at round ``len(floors) + 1``);
+            its median goes in ``{name}_median_s``. A floor's
             ``setup`` runs untimed just before its turn.
 
     Returns:
@@ -76,7 +80,11 @@ def time_in_turn(
     def one_round():
         if floors:
             after_stock = turns[1:]
-            shift = played[0] % len(after_stock)
+            cycle, shift = divmod(played[0], len(after_stock))
+            if cycle % 2:
+                # the other way round: a turn that warms the caches for the next one
+                # does so as often as it comes after it
+                after_stock = after_stock[::-1]
             order = (turns[0], *after_stock[shift:], *after_stock[:shift])
         else:
             order = turns if played[0] % 2 == 0 else turns[::-1]

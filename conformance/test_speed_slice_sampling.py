@@ -438,13 +438,18 @@ def test_use_gpu_sample_after_write(benchmark, use_gpu_pair):
     _time_sample_after_write_with_floors(benchmark, use_gpu_pair, "use_gpu sample-after-write")
 
 
+def _batch_size(rb) -> int:
+    """``rb``'s batch size (``rb.batch_size``, which TorchRL 0.8 does not have)."""
+    return getattr(rb, "batch_size", None) or rb._batch_size
+
+
 def _random_floor(pair) -> Callable[[], None]:
     """The floor of a pair's sample: a ``RandomSampler`` sample of the same batch from
     the patched buffer's storage, by a buffer of the same class (what TorchRL's
     sampling costs with no trajectory to find), finished on the device."""
     patched = pair["patched"]
     random = type(patched.rb)(
-        storage=patched.rb.storage, sampler=RandomSampler(), batch_size=patched.rb.batch_size
+        storage=patched.rb.storage, sampler=RandomSampler(), batch_size=_batch_size(patched.rb)
     )
     random.sample()
     return _on_device(random.sample, patched.device)
@@ -473,7 +478,7 @@ def _gather_floor(pair) -> Floor:
     drawn = {}
 
     def draw_index():
-        index, _ = rb.sampler.sample(rb.storage, rb.batch_size)
+        index, _ = rb.sampler.sample(rb.storage, _batch_size(rb))
         drawn["index"] = _on_storage_device(index, rb.storage)
 
     def read_rows():
@@ -513,7 +518,7 @@ def _tensor_ops_floor(pair) -> Callable[[], None] | None:
     tensor_ops = type(patched.rb)(
         storage=patched.rb.storage,
         sampler=TensorOpsSampler(patched.rb.sampler),
-        batch_size=patched.rb.batch_size,
+        batch_size=_batch_size(patched.rb),
     )
     tensor_ops.sample()
     return _on_device(tensor_ops.sample, patched.device)

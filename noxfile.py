@@ -85,10 +85,15 @@ def tests(session: nox.Session) -> None:
 @nox.session
 @nox.parametrize("torchrl", MATRIX)
 def conformance(session: nox.Session, torchrl: str) -> None:
-    """Stock vs patched on one TorchRL release, and which fixes apply there."""
+    """Stock vs patched on one TorchRL release, and which fixes apply there; the speed
+    benchmarks run once each, untimed, so that they run on every release too."""
     _install(session, torchrl)
     session.run("python", "-m", "torchrl_fixes", "status")
     session.run("python", "-m", "pytest", "conformance", *session.posargs)
+    session.run(
+        "python", "-m", "pytest", "conformance", "-m", "speed", "--benchmark-disable", "-q",
+        *session.posargs,
+    )
 
 
 @nox.session

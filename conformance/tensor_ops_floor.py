@@ -62,8 +62,8 @@ class TensorOpsSampler(RandomSampler):
 
     def sample(self, storage, batch_size: int) -> tuple[tuple[torch.Tensor], dict]:
         sliced = self._sliced
-        sampling, boundaries, storage_boundaries = _modules()
-        draw = sampling._TABLE_DRAWS.get(sliced)
+        _, boundaries, storage_boundaries = _modules()
+        draw = kept_table_draw(sliced)
         reference_to_plan = boundaries._LAST_PLANS.get(sliced)
         plan = None if reference_to_plan is None else reference_to_plan()
         if draw is None or plan is None:
@@ -88,6 +88,13 @@ class TensorOpsSampler(RandomSampler):
         starts += (uniform * (lengths - (seq_length - 1))).long()
         index = (starts.unsqueeze(1) + _steps(seq_length)).view(-1)
         return (index,), {}
+
+
+def kept_table_draw(sliced):
+    """How ``sliced``'s last sample drew from a trajectory table, or ``None`` where it did not
+    (trajectory ids, a storage that does not only grow, a TorchRL before 0.14)."""
+    sampling, _, _ = _modules()
+    return sampling._TABLE_DRAWS.get(sliced)
 
 
 @functools.cache

@@ -85,7 +85,7 @@ from conformance.speed_sizes import (
     GiB,
     cases_at,
 )
-from conformance.tensor_ops_floor import TensorOpsSampler
+from conformance.tensor_ops_floor import TensorOpsSampler, kept_table_draw
 from conformance.timing_in_turn import Floor
 
 pytestmark = [pytest.mark.speed, pytest.mark.usefixtures("slice_threads")]
@@ -443,16 +443,22 @@ def _batch_size(rb) -> int:
     return getattr(rb, "batch_size", None) or rb._batch_size
 
 
+def _floor_sample(pair, sampler) -> Callable[[], None]:
+    """``sample()`` of a buffer of the patched buffer's class, over its storage and with
+    its batch size, drawn by ``sampler`` (sampled once), finished on the device."""
+    patched = pair["patched"]
+    rb = type(patched.rb)(
+        storage=patched.rb.storage, sampler=sampler, batch_size=_batch_size(patched.rb)
+    )
+    rb.sample()
+    return _on_device(rb.sample, patched.device)
+
+
 def _random_floor(pair) -> Callable[[], None]:
     """The floor of a pair's sample: a ``RandomSampler`` sample of the same batch from
     the patched buffer's storage, by a buffer of the same class (what TorchRL's
     sampling costs with no trajectory to find), finished on the device."""
-    patched = pair["patched"]
-    random = type(patched.rb)(
-        storage=patched.rb.storage, sampler=RandomSampler(), batch_size=_batch_size(patched.rb)
-    )
-    random.sample()
-    return _on_device(random.sample, patched.device)
+    return _floor_sample(pair, RandomSampler())
 
 
 def _gather_floor(pair) -> Floor:
@@ -511,17 +517,10 @@ def _tensor_ops_floor(pair) -> Callable[[], None] | None:
     ``None`` where the patched sampler does not draw from a table (trajectory ids,
     or a storage that does not only grow).
     """
-    patched = pair["patched"]
-    sampling = reference.boundary_index_module("sampling")
-    if sampling._TABLE_DRAWS.get(patched.rb.sampler) is None:
+    sliced = pair["patched"].rb.sampler
+    if kept_table_draw(sliced) is None:
         return None
-    tensor_ops = type(patched.rb)(
-        storage=patched.rb.storage,
-        sampler=TensorOpsSampler(patched.rb.sampler),
-        batch_size=_batch_size(patched.rb),
-    )
-    tensor_ops.sample()
-    return _on_device(tensor_ops.sample, patched.device)
+    return _floor_sample(pair, TensorOpsSampler(sliced))
 
 
 def _floors(

@@ -7,7 +7,7 @@ from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, ReplayBuffer, SliceSampler
 
 from conformance import reference
-from conformance.tensor_ops_floor import TensorOpsSampler
+from conformance.tensor_ops_floor import TensorOpsSampler, kept_table_draw
 
 pytestmark = pytest.mark.skipif(
     not reference.in_effect("slice_boundary_index"),
@@ -30,8 +30,7 @@ def _buffer(**sampler_options) -> ReplayBuffer:
     rb = ReplayBuffer(storage=LazyTensorStorage(10_000), sampler=sampler, batch_size=64)
     rb.extend(_rows(0, 1_000))
     rb.sample()
-    sampling = reference.boundary_index_module("sampling")
-    if sampling._TABLE_DRAWS.get(sampler) is None:
+    if kept_table_draw(sampler) is None:
         pytest.skip("this TorchRL's slice samples do not draw from a trajectory table")
     return rb
 

@@ -12,10 +12,7 @@ benchmark may also time floors in the same rounds, what the operation cannot bea
 ``floor_median_s``, a RandomSampler sample of the same batch, and
 ``gather_floor_median_s``, the gather of the sample's own rows (``storage[index]``
 with an index the patched sampler drew, so that patched / gather floor is what the
-sampler adds to reading the rows), and ``tensor_ops_floor_median_s``, the same
-slices drawn with the tensor operations of the draw alone
-(:mod:`conformance.tensor_ops_floor`: patched / tensor-ops floor is what the
-sampler's checks and its info cost). Benchmarks without a scenario and variant, or
+sampler adds to reading the rows). Benchmarks without a scenario and variant, or
 without statistics (``--benchmark-disable``), are left out.
 
 - :func:`medians` and :func:`rows` pair the two builds by scenario;
@@ -52,7 +49,7 @@ from typing import Any
 
 VARIANTS = ("stock", "patched")
 # The floors a ``pair`` benchmark may time beside the variants, as ``{name}_median_s``.
-FLOORS = ("floor", "gather_floor", "tensor_ops_floor")
+FLOORS = ("floor", "gather_floor")
 
 # (operation, legend label) of the lines :func:`plot` draws.
 PLOTTED_OPERATIONS = (
@@ -122,10 +119,8 @@ class Row:
 
     ``operation``, ``key``, ``stored`` and ``capacity`` are ``None`` where the
     benchmarks did not say; ``stock`` / ``patched`` are ``None`` where that build
-    was not timed, ``floor`` (a RandomSampler sample of the same batch),
-    ``gather_floor`` (the gather of the sample's own rows) and ``tensor_ops_floor``
-    (the same slices drawn with the draw's tensor operations alone) where that
-    floor was not.
+    was not timed, ``floor`` (a RandomSampler sample of the same batch) and
+    ``gather_floor`` (the gather of the sample's own rows) where that floor was not.
     """
 
     scenario: str
@@ -138,7 +133,6 @@ class Row:
     floor: float | None = None
     episode_len: int | None = None
     gather_floor: float | None = None
-    tensor_ops_floor: float | None = None
 
     @property
     def speedup(self) -> float | None:
@@ -159,14 +153,6 @@ class Row:
         ``None`` where no gather floor was timed.
         """
         return self._over(self.gather_floor)
-
-    @property
-    def over_tensor_ops_floor(self) -> float | None:
-        """Patched median / tensor-ops floor median (what the sampler's checks and info cost).
-
-        ``None`` where no tensor-ops floor was timed.
-        """
-        return self._over(self.tensor_ops_floor)
 
     def _over(self, floor: float | None) -> float | None:
         if self.patched is None or not floor:
@@ -213,7 +199,6 @@ def rows(report: Report | str | PathLike) -> list[Row]:
                 floor=values.get("floor"),
                 episode_len=None if episode_len is None else int(episode_len),
                 gather_floor=values.get("gather_floor"),
-                tensor_ops_floor=values.get("tensor_ops_floor"),
             )
         )
     return table
@@ -284,22 +269,18 @@ def markdown_table(report: Report | str | PathLike) -> str:
     (above 1: the patched build is faster). The floors, where they were timed: a
     RandomSampler sample of the same batch, with patched / floor beside it, then the
     gather of the sample's own rows, with patched / gather floor (what the sampler
-    adds to reading the rows) beside it, then the same slices drawn with the draw's
-    tensor operations alone, with patched / tensor-ops floor (what the sampler's
-    checks and info cost) beside it. A dash where a value is missing.
+    adds to reading the rows) beside it. A dash where a value is missing.
     """
     lines = [
         "| scenario | stock median | patched median | speed-up (stock/patched) "
-        "| RandomSampler floor | patched/floor | gather floor | patched/gather floor "
-        "| tensor-ops floor | patched/tensor-ops floor |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| RandomSampler floor | patched/floor | gather floor | patched/gather floor |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for row in rows(report):
         lines.append(
             f"| {row.scenario} | {format_seconds(row.stock)} | {format_seconds(row.patched)}"
             f" | {_ratio(row.speedup)} | {format_seconds(row.floor)} | {_ratio(row.over_floor)}"
-            f" | {format_seconds(row.gather_floor)} | {_ratio(row.over_gather_floor)}"
-            f" | {format_seconds(row.tensor_ops_floor)} | {_ratio(row.over_tensor_ops_floor)} |"
+            f" | {format_seconds(row.gather_floor)} | {_ratio(row.over_gather_floor)} |"
         )
     return "\n".join(lines)
 
@@ -508,8 +489,6 @@ def row_dict(row: Row) -> dict[str, Any]:
         "patched_over_floor": row.over_floor,
         "gather_floor_s": fields["gather_floor"],
         "patched_over_gather_floor": row.over_gather_floor,
-        "tensor_ops_floor_s": fields["tensor_ops_floor"],
-        "patched_over_tensor_ops_floor": row.over_tensor_ops_floor,
         "episode_len": fields["episode_len"],
     }
 

@@ -35,11 +35,7 @@ storage: a ``RandomSampler`` sample of the same batch (``floor_median_s``: what
 TorchRL's sampling costs with no trajectory to find), and the gather of the sample's
 own rows, ``storage[index]`` with an index the patched sampler drew
 (``gather_floor_median_s``: what reading the rows costs, so that the patched median
-over it is what the sampler adds). The seed-table rows with done flags have a third:
-the same slices drawn from the patched sampler's trajectory table with the draw's
-tensor operations alone (``tensor_ops_floor_median_s``,
-``conformance/tensor_ops_floor.py``: the patched median over it is what the
-sampler's checks and its info cost). Where the sample follows a write, each floor
+over it is what the sampler adds). Where the sample follows a write, each floor
 follows a write of its own too. Stock opens each round, and patched and the floors
 take turns right after it (``conformance/timing_in_turn.py``): stock's pass over the
 whole storage leaves the caches cold for whatever comes next, and each of them
@@ -85,7 +81,6 @@ from conformance.speed_sizes import (
     GiB,
     cases_at,
 )
-from conformance.tensor_ops_floor import TensorOpsSampler, kept_table_draw
 from conformance.timing_in_turn import Floor
 
 pytestmark = [pytest.mark.speed, pytest.mark.usefixtures("slice_threads")]
@@ -346,9 +341,7 @@ def test_seed_table_sample(benchmark, seed_table_pair):
     on each call, so its time grows with the stored size (and, for episode ids, with
     the capacity); the index keeps the patched time flat. The floors, timed in the
     same rounds on the patched buffer's storage: a ``RandomSampler`` sample of the
-    same 1,024 rows, the gather of the 1,024 rows the patched sampler drew, and,
-    where the patched sampler draws from a trajectory table, the same sample with
-    the draw's tensor operations alone.
+    same 1,024 rows, and the gather of the 1,024 rows the patched sampler drew.
     """
     pair = seed_table_pair
     case = pair["stock"].case
@@ -357,15 +350,13 @@ def test_seed_table_sample(benchmark, seed_table_pair):
         case,
         "seed_table",
         lambda v: pair[v].rb.sample(),
-        floors=_floors(pair, tensor_ops=True),
+        floors=_floors(pair),
     )
 
 
 def test_seed_table_sample_after_write(benchmark, seed_table_pair):
     """The seed table's sample right after a write of 1,000 rows (untimed), and its floors."""
-    _time_sample_after_write_with_floors(
-        benchmark, seed_table_pair, "seed_table sample-after-write", tensor_ops=True
-    )
+    _time_sample_after_write_with_floors(benchmark, seed_table_pair, "seed_table sample-after-write")
 
 
 # --- 2. online loop ----------------------------------------------------------------
@@ -508,34 +499,13 @@ def _on_storage_device(index, storage: Storage):
     return index.to(device) if isinstance(index, torch.Tensor) else index
 
 
-def _tensor_ops_floor(pair) -> Callable[[], None] | None:
-    """The tensor-ops floor of a pair's sample: the same slices drawn from the patched
-    sampler's trajectory table with the draw's tensor operations alone
-    (:class:`conformance.tensor_ops_floor.TensorOpsSampler`), by a buffer of the same
-    class over the patched buffer's storage, finished on the device.
-
-    ``None`` where the patched sampler does not draw from a table (trajectory ids,
-    or a storage that does not only grow).
-    """
-    sliced = pair["patched"].rb.sampler
-    if kept_table_draw(sliced) is None:
-        return None
-    return _floor_sample(pair, TensorOpsSampler(sliced))
-
-
-def _floors(
-    pair, *, after_write: bool = False, tensor_ops: bool = False
-) -> dict[str, Floor | Callable[[], None]]:
+def _floors(pair, *, after_write: bool = False) -> dict[str, Floor | Callable[[], None]]:
     """The floors of a pair's sample, by the names the report reads.
 
     ``after_write``: each floor's turn follows a write of its own into the patched
-    buffer (untimed), as the sample it is the floor of follows one. ``tensor_ops``:
-    the tensor-ops floor too, where the patched sampler draws from a trajectory table.
+    buffer (untimed), as the sample it is the floor of follows one.
     """
     floors = {"floor": Floor(_random_floor(pair)), "gather_floor": _gather_floor(pair)}
-    ops_floor = _tensor_ops_floor(pair) if tensor_ops else None
-    if ops_floor is not None:
-        floors["tensor_ops_floor"] = Floor(ops_floor)
     if not after_write:
         return floors
     write = _write(pair)
@@ -551,18 +521,16 @@ def _floors(
     return {name: written_first(floor) for name, floor in floors.items()}
 
 
-def _time_sample_after_write_with_floors(
-    benchmark, pair, operation: str, *, tensor_ops: bool = False
-) -> None:
+def _time_sample_after_write_with_floors(benchmark, pair, operation: str) -> None:
     """Times a sample after an untimed 1,000-row write, and its floors, each after a
-    write of its own, in the same rounds (``tensor_ops``: see :func:`_floors`)."""
+    write of its own, in the same rounds."""
     time_in_turn(
         benchmark,
         pair["stock"].case,
         operation,
         lambda v: pair[v].sample(),
         setup=_write(pair),
-        floors=_floors(pair, after_write=True, tensor_ops=tensor_ops),
+        floors=_floors(pair, after_write=True),
     )
 
 

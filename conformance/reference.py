@@ -32,7 +32,10 @@ UPSTREAM = bool(os.environ.get(STOCK_SOURCE_ENV))
 # Where each patch puts its code in TorchRL's source: the fix is in effect there.
 _UPSTREAM_CODE = {
     "pinned_sample_output": ("torchrl.data.replay_buffers.utils", "_pin_tensor"),
-    "slice_boundary_index": ("torchrl.data.replay_buffers.utils", "_record_write"),
+    "slice_boundary_index": (
+        "torchrl.data.replay_buffers.samplers._slice_boundaries",
+        "_stop_and_length_from_index",
+    ),
     "single_gather": ("torchrl.data.replay_buffers.samplers.slice", "_read_entries"),
 }
 
@@ -113,36 +116,39 @@ def stock_attribute(owner: Any, name: str) -> Any:
     return torchrl_fixes.get_original(owner, name)
 
 
-def boundary_index_module(part: str = "slice"):
-    """A module of the slice boundary index: ``"slice"`` (what samplers read:
-    ``boundary_source``, ``fallback_reason``), ``"storage"`` (the storage's entry and
-    its signals: ``_AGREEMENT_BATCH``), ``"cache"`` (the boundary cache's functions:
-    ``_storage_boundaries``, ``is_compiling``; TorchRL's ``utils`` upstream) or
-    ``"sampling"`` (the draw of a sample: ``_TABLE_DRAWS``)."""
+# Where each module of the slice boundary index lives in the patched source.
+_UPSTREAM_INDEX_MODULES = {
+    "trajectory_index": "torchrl.data.replay_buffers.trajectory_index",
+    "storage_index": "torchrl.data.replay_buffers.storage_index",
+    "slice_boundaries": "torchrl.data.replay_buffers.samplers._slice_boundaries",
+    "slice_sampling": "torchrl.data.replay_buffers.samplers._slice_sampling",
+}
+
+
+def boundary_index_module(part: str = "slice_boundaries"):
+    """A module of the slice boundary index: ``"trajectory_index"`` (the structure),
+    ``"storage_index"`` (the storage's entry), ``"slice_boundaries"`` (what samplers
+    read: ``fallback_reason``) or ``"slice_sampling"`` (the draw)."""
     if UPSTREAM:
-        name = {
-            "slice": "samplers._slice_boundaries",
-            "storage": "storage_boundaries",
-            "cache": "utils",
-            "sampling": "samplers._slice_sampling",
-        }[part]
-        return importlib.import_module(f"torchrl.data.replay_buffers.{name}")
-    name = {
-        "slice": "slice_boundaries",
-        "storage": "storage_boundaries",
-        "cache": "boundary_cache",
-        "sampling": "slice_sampling",
-    }[part]
-    return importlib.import_module(f"torchrl_fixes.fixes.slice_boundary_index.{name}")
+        return importlib.import_module(_UPSTREAM_INDEX_MODULES[part])
+    return importlib.import_module(f"torchrl_fixes.fixes.slice_boundary_index.{part}")
 
 
 def fallback_reason(sampler, storage):
     """Why ``sampler`` recovers the boundaries of ``storage`` as stock does (None: it does not)."""
-    if UPSTREAM:
-        return boundary_index_module().fallback_reason(sampler, storage)
+    # the runtime's checks are pure functions of the sampler and the storage: they
+    # answer for the patched source too
     from torchrl_fixes.fixes.slice_boundary_index import fallback_reason
 
     return fallback_reason(sampler, storage)
+
+
+def boundary_source(storage):
+    """What the last slice sample of ``storage`` read its boundaries from: the runtime's
+    answer, which reads the storage's index as the patched source keeps it too."""
+    from torchrl_fixes.fixes.slice_boundary_index import boundary_source
+
+    return boundary_source(storage)
 
 
 def pin_memory_function():
@@ -163,3 +169,22 @@ def pin_memory_warning() -> type[Warning]:
 
 # The logger the boundary index reports to.
 INDEX_LOGGER = "torchrl" if UPSTREAM else "torchrl_fixes"
+
+
+def skip_where_stock_cannot_copy(copier) -> None:
+    """Skips where ``copier`` (``copy.deepcopy``, a pickle round trip) fails on a stock buffer.
+
+    Before 0.11 a tensor storage keeps its length in a ``multiprocessing.Value``,
+    which pickle and deepcopy refuse outside a spawn.
+    """
+    import torch
+    from tensordict import TensorDict
+    from torchrl.data import LazyTensorStorage, ReplayBuffer
+
+    with stock():
+        rb = ReplayBuffer(storage=LazyTensorStorage(4))
+        rb.extend(TensorDict({"obs": torch.zeros(2)}, [2]))
+        try:
+            copier(rb)
+        except RuntimeError as err:
+            pytest.skip(f"a stock buffer cannot be copied so on this TorchRL either: {err}")

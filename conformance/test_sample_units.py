@@ -1,12 +1,12 @@
-"""TorchRL's sample units (``Sequence``, ``SubgoalTriplet``) read the boundary index.
+"""TorchRL's sample units (``Sequence``, ``SubgoalTriplet``) beside the slice boundary index.
 
 A replay buffer can expand each sampled anchor into a sequence
 (``sample_unit=Sequence(...)``) or, on TorchRL main, a goal triplet; both recover
 episode boundaries from the done flags of the whole storage, through
-``_ReplayBoundaryIndex``. With the slice boundary index those boundaries come from
-the storage's index, and the samples must stay
-exactly stock's across writes, wrap-around and ``ndim=2`` storages. Releases
-without sample units skip this file.
+``_ReplayBoundaryIndex``, as stock does. Their samples must stay exactly stock's
+with the fixes applied (the storage's writes are recorded for its trajectory
+index), across writes, wrap-around and ``ndim=2`` storages. Releases without sample
+units skip this file.
 """
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from conformance import reference
 from conformance.harness import assert_identical, run_patched, run_stock
 
 sample_units = pytest.importorskip(
@@ -32,11 +31,6 @@ def _rows(start: int, count: int, length: int, lanes: int = 0) -> TensorDict:
         obs = (step * 10 + lane).float()
         return TensorDict({"obs": obs, ("next", "done"): done.unsqueeze(-1)}, [lanes, count])
     return TensorDict({"obs": step.float(), ("next", "done"): done.unsqueeze(-1)}, [count])
-
-
-# The sample units ask _ReplayBoundaryIndex for their episode boundaries, which the
-# storage's index serves where nothing is cached.
-SERVED = hasattr(sample_units, "_ReplayBoundaryIndex")
 
 
 def _unit(kind: str):
@@ -111,31 +105,3 @@ def test_sequence_on_ndim2_storage_matches_stock(kind):
     scenario = _scenario(kind, 120, 3, [15, 20, 9, 11])
     for seed in range(3):
         assert_identical(run_stock(scenario, seed), run_patched(scenario, seed))
-
-
-@pytest.mark.skipif(
-    not reference.in_effect("slice_boundary_index"), reason="the boundary index is not in effect"
-)
-@pytest.mark.skipif(not SERVED, reason="this TorchRL's sample units read no shared boundaries")
-def test_sample_unit_reads_the_index_not_the_column():
-    """After a write, a Sequence sample reads the written rows only: the done column is never
-    read whole (its full read is what stock pays at every sample after a write)."""
-    from torchrl.data import LazyTensorStorage, RandomSampler, ReplayBuffer
-
-    rb = ReplayBuffer(
-        storage=LazyTensorStorage(1000),
-        sampler=RandomSampler(),
-        sample_unit=_unit("stop"),
-        batch_size=6,
-    )
-    rb.extend(_rows(0, 600, length=9))
-    rb.sample()
-    rb.extend(_rows(600, 10, length=9))
-    entry = reference.boundary_index_module("cache")._storage_boundaries(rb.storage)
-    # the index of the unit's done flags, the only one read
-    (index_key,) = entry.indexes
-    assert index_key == ("end", ("next", "done"))
-    index = entry.indexes[index_key]
-    assert index.pending_rows == 10
-    rb.sample()
-    assert index.pending_rows == 0

@@ -1,14 +1,12 @@
 """Installing and removing replacements, and the lookups of the saved originals."""
 from __future__ import annotations
 
-import inspect
-
 import pytest
 
 from torchrl_fixes import get_original, is_object_patched
 from torchrl_fixes._core import patching
 from torchrl_fixes._core.errors import TargetChanged
-from torchrl_fixes._core.patching import Replacement, derive_from_source, wrap_with_statements
+from torchrl_fixes._core.patching import Replacement, derive_from_source, wrap
 
 
 @pytest.fixture
@@ -274,38 +272,42 @@ def test_lookups_by_object_and_by_dotted_path(installs, make_module):
     assert is_object_patched(inner_path, "method") is False
 
 
-def test_wrap_with_statements_keeps_the_signature_and_passes_arguments_on():
-    """The wrapper takes exactly the stock arguments and hands them on as they came."""
-    def stock(a, b=1, /, c=2, *args, d, e=5, **kwargs):
-        return a, b, c, args, d, e, kwargs
+def test_wrap_passes_the_bound_method_and_the_arguments_as_they_came():
+    """The wrapper gets the stock method bound to the instance, the instance, and the
+    positional and keyword arguments as the caller passed them."""
 
+    class Stock:
+        def method(self, a, b=1, *args, d, **kwargs):
+            return self, a, b, args, d, kwargs
+
+    original = Stock.method
     seen = []
-    wrapped = wrap_with_statements(
-        stock, before=["seen.append(('before', a, d))"], after=["seen.append(('after', e))"],
-        namespace={"seen": seen},
-    )
-    assert inspect.signature(wrapped) == inspect.signature(stock)
-    for args, kwargs in [((1,), {"d": 4}), ((1, 2, 3, 4, 5), {"d": 6, "e": 7, "z": 8})]:
-        assert wrapped(*args, **kwargs) == stock(*args, **kwargs)
-    assert seen == [("before", 1, 4), ("after", 5), ("before", 1, 6), ("after", 7)]
-    with pytest.raises(TypeError):
-        wrapped(1, c=3)  # d is required, as in stock
+
+    def wrapper(wrapped, instance, args, kwargs):
+        seen.append((wrapped.__func__, instance, args, kwargs))
+        return wrapped(*args, **kwargs)
+
+    Stock.method = wrap(original, wrapper)
+    obj = Stock()
+    assert obj.method(1, 2, 3, d=4, z=5) == (obj, 1, 2, (3,), 4, {"z": 5})
+    assert seen == [(original, obj, (1, 2, 3), {"d": 4, "z": 5})]
+    assert Stock.method.__wrapped__ is original and Stock.method.__name__ == "method"
 
 
-def test_wrap_with_statements_returns_early_and_reads_its_namespace_live():
-    """A statement before the call may return; names are looked up in the namespace at call
-    time (not copied), so a later change there is seen."""
-    def stock(x):
-        return ("stock", x)
+def test_wrap_may_answer_without_the_stock_method():
+    """A wrapper decides whether the stock method runs at all."""
 
-    namespace = {"shortcut": lambda x: None}
-    wrapped = wrap_with_statements(
-        stock, before=["hit = shortcut(x)", "if hit is not None:\n    return hit"],
-        namespace=namespace,
-    )
-    assert wrapped(3) == ("stock", 3)
-    namespace["shortcut"] = lambda x: ("index", x)
-    assert wrapped(3) == ("index", 3)
+    class Stock:
+        def method(self, x):
+            return ("stock", x)
+
+    def shortcut(wrapped, instance, args, kwargs):
+        (x,) = args
+        return ("index", x) if x > 0 else wrapped(x)
+
+    Stock.method = wrap(Stock.method, shortcut)
+    assert Stock().method(3) == ("index", 3)
+    assert Stock().method(-1) == ("stock", -1)
 
 
 def test_derive_from_source_applies_each_edit_once_or_refuses():

@@ -10,7 +10,6 @@ import __future__
 import functools
 import importlib
 import inspect
-import itertools
 import linecache
 import textwrap
 import threading
@@ -225,92 +224,35 @@ def installed_replacement(owner: Any, name: str) -> Any:
         return record.replacement.new
 
 
-_wrapper_serial = itertools.count()
+def wrap(original: Callable, wrapper: Callable) -> Callable:
+    """A method that calls ``wrapper(original, self, args, kwargs)``, wrapt's shape.
 
-
-class _SourceText(str):
-    """A default value written into generated source as the expression it holds."""
-
-    def __repr__(self) -> str:
-        return str(self)
-
-
-def wrap_with_statements(
-    original: Callable,
-    before: Sequence[str] = (),
-    after: Sequence[str] = (),
-    namespace: dict[str, Any] | None = None,
-) -> Callable:
-    r"""A function that runs ``before``, then ``original``, then ``after``.
-
-    The one way a fix wraps a method: the statements are the very lines an upstream
-    patch writes at the top and at the end of the method's body, so the runtime fix
-    and the diff run the same code. The wrapper has ``original``'s signature (its
-    arguments are passed on as they came), its statements see the arguments by name
-    and the names of ``namespace`` (its globals), a statement of ``before`` may
-    ``return`` early, and what ``original`` returned is returned. Its source is registered with
-    :mod:`linecache`, so :func:`inspect.getsource` and tracebacks show it.
+    The one way a fix runs code around a stock method: ``wrapper`` is a plain
+    function that linters, debuggers and readers follow, and decides whether and
+    how ``original`` runs. ``original`` may be any callable (TorchRL dispatches some
+    methods through callable objects).
 
     Args:
-        original (Callable): the stock function.
-        before (sequence of str): statements run before it.
-        after (sequence of str): statements run after it.
-        namespace (dict, optional): the globals the statements run with, usually a
-            module's ``vars()``.
+        original (Callable): the stock method, as stored in its class.
+        wrapper (Callable): ``wrapper(wrapped, instance, args, kwargs)``, where
+            ``wrapped`` is ``original`` bound to ``instance``.
 
     Examples:
-        >>> def scale(x, factor=2):
-        ...     return x * factor
-        >>> logged = []
-        >>> wrapped = wrap_with_statements(
-        ...     scale, before=["if x < 0:\n    return 0"], after=["logged.append(x)"],
-        ...     namespace={"logged": logged})
-        >>> wrapped(3), wrapped(-1), wrapped(3, factor=10), logged
-        (6, 0, 30, [3, 3])
+        >>> class Counter:
+        ...     def add(self, n=1):
+        ...         return n
+        >>> def doubled(wrapped, instance, args, kwargs):
+        ...     return 2 * wrapped(*args, **kwargs)
+        >>> Counter.add = wrap(Counter.add, doubled)
+        >>> Counter().add(3)
+        6
     """
-    signature = inspect.signature(original)
-    defaults = {n: p.default for n, p in signature.parameters.items() if p.default is not p.empty}
-    params = [
-        p.replace(
-            annotation=p.empty,
-            default=p.empty if p.default is p.empty else _SourceText(f"__defaults__[{n!r}]"),
-        )
-        for n, p in signature.parameters.items()
-    ]
-    kinds = inspect.Parameter
-    call = [
-        {
-            kinds.VAR_POSITIONAL: f"*{n}",
-            kinds.VAR_KEYWORD: f"**{n}",
-            kinds.KEYWORD_ONLY: f"{n}={n}",
-        }.get(p.kind, n)
-        for n, p in signature.parameters.items()
-    ]
-    params = str(inspect.Signature(params))[1:-1]
-    body = [*before, f"__result__ = original({', '.join(call)})", *after, "return __result__"]
-    name = original.__name__
-    source = (
-        "def __make__(original, __defaults__):\n"
-        f"    def {name}({params}):\n"
-        + textwrap.indent("\n".join(body), " " * 8)
-        + f"\n    return {name}\n"
-    )
-    filename = f"<torchrl_fixes wrapper {next(_wrapper_serial)}: {original.__qualname__}>"
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    scratch: dict[str, Any] = {}
-    exec(compile(source, filename, "exec"), scratch)
-    made = scratch["__make__"](original, defaults)
-    # The statements run in the namespace itself, not a copy: a later change to a
-    # name there (a test's monkeypatch) is seen, and torch.compile can guard on it.
-    wrapper = types.FunctionType(
-        made.__code__,
-        namespace if namespace is not None else {},
-        name,
-        made.__defaults__,
-        made.__closure__,
-    )
-    wrapper.__kwdefaults__ = made.__kwdefaults__
-    return functools.wraps(original)(wrapper)
+
+    @functools.wraps(original)
+    def method(self, *args, **kwargs):
+        return wrapper(original.__get__(self, type(self)), self, args, kwargs)
+
+    return method
 
 
 def derive_from_source(
@@ -318,8 +260,8 @@ def derive_from_source(
 ) -> types.FunctionType:
     """``stock`` with its source edited: each ``(old, new)`` text must be found exactly once.
 
-    The other way a fix is made from TorchRL's code (beside
-    :func:`wrap_with_statements`): where the change sits inside a method's body, the
+    The other way a fix is made from TorchRL's code (beside :func:`wrap`): where the
+    change sits inside a method's body, the
     fix is the stock source with a few lines changed, so the runtime fix and the
     upstream diff are the same text. The new function is compiled in ``stock``'s module
     (its globals, its ``super()`` class) and also sees ``names``. ``stock`` must have

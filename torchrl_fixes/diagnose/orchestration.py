@@ -38,7 +38,7 @@ from torchrl_fixes.diagnose.stage_timing import (
     _unpinned_leaves,
 )
 from torchrl_fixes.fixes.slice_boundary_index import fallback_reason
-from torchrl_fixes.fixes.slice_boundary_index.storage_boundaries import _END_KEY
+from torchrl_fixes.fixes.slice_boundary_index.storage_index import END_KEY
 
 
 @dataclass
@@ -186,7 +186,7 @@ def _facts(parts: _Parts, plan: _Plan, timed: _Timed) -> dict[str, Any]:
         "patched_pin": plan.patched_pin,
         "slice_fix": {"active": plan.slice_active, "why": plan.slice_why, "fallback": timed.fallback},
         "boundary_read": observed.boundary_read,
-        "has_done": _END_KEY in storage_keys,
+        "has_done": END_KEY in storage_keys,
         "traj_key_named": bool(vars(parts.sampler).get("_traj_key_named", False)),
         "trajectories": timed.trajectories,
         "gathered_bytes": statistics.median(observed.gathered_bytes) if observed.gathered_bytes else 0,

@@ -8,7 +8,7 @@ import torch
 
 import torchrl_fixes
 from conformance import reference
-from conformance.fake_pinning import install_fake_pinning
+from conformance.fake_pinning import forget_pin_memory_answer, install_fake_pinning
 from conformance.speed_sizes import GiB, memory_for_scale
 
 
@@ -90,7 +90,8 @@ def fake_accelerator(monkeypatch):
     """An accelerator is 'available', and pinning goes through :class:`FakePinning`."""
     if _has_cuda():
         pytest.skip("a real accelerator is present: the cuda-marked tests cover this")
-    return install_fake_pinning(monkeypatch)
+    yield install_fake_pinning(monkeypatch)
+    forget_pin_memory_answer()
 
 
 @pytest.fixture

@@ -1,9 +1,12 @@
 """Pinned memory stood in for on a machine with no accelerator (shared by the suites' fixtures)."""
 from __future__ import annotations
 
+import importlib
 import threading
 
 import torch
+
+from conformance import reference
 
 
 class FakePinning:
@@ -43,6 +46,16 @@ def install_fake_pinning(monkeypatch) -> FakePinning:
     :class:`FakePinning`, for the duration of ``monkeypatch``."""
     pinning = FakePinning()
     monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
+    forget_pin_memory_answer()
     monkeypatch.setattr(torch.Tensor, "pin_memory", lambda t, device=None: pinning.pin_memory(t))
     monkeypatch.setattr(torch.Tensor, "is_pinned", lambda t, device=None: pinning.is_pinned(t))
     return pinning
+
+
+def forget_pin_memory_answer() -> None:
+    """The next sample asks afresh whether an accelerator exists (the fixed pinning keeps
+    the answer per process); call it after a fake accelerator is removed as well."""
+    module = importlib.import_module(reference.pin_memory_function().__module__)
+    answer = getattr(module, "_pin_memory_available", None)
+    if answer is not None:  # stock asks at every sample
+        answer.cache_clear()

@@ -6,19 +6,26 @@ patched behaviour is asserted, and tests marked ``stock_bug`` show the bug on st
 """
 from __future__ import annotations
 
+import contextlib
+import copy
+import importlib
 import inspect
 import itertools
+import linecache
+import pickle
 import threading
 import warnings
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import pytest
 import torch
 from tensordict import TensorDict
 
 from conformance import reference
+from conformance.fake_pinning import forget_pin_memory_answer, install_fake_pinning
 from conformance.harness import assert_identical, run_patched, run_stock, tensor_leaves
+from conformance.pinned_sample_transforms import KeepObservation, ScaleObservation
 
 _NOT_IN_EFFECT = reference.why_not_in_effect("pinned_sample_output")
 pytestmark = pytest.mark.skipif(
@@ -29,21 +36,6 @@ PinMemoryUnavailableWarning = reference.pin_memory_warning()
 
 N = 48
 _memmap_dirs = itertools.count()
-
-
-class KeepObservation:
-    """Builds a new TensorDict: its device is None."""
-
-    def __call__(self, td):
-        return TensorDict({"obs": td["obs"]}, batch_size=td.batch_size)
-
-
-class ScaleObservation:
-    """Writes into the sampled TensorDict: its device is kept."""
-
-    def __call__(self, td):
-        td["obs2"] = td["obs"] * 2
-        return td
 
 
 def _transitions(shape=(N,)):
@@ -411,18 +403,187 @@ def test_leaves_on_an_accelerator_are_left_alone(fake_accelerator):
     assert _pin_memory(TensorDict({"a": on_device}, [3], device="meta"))["a"] is on_device
 
 
-def test_warns_once_per_buffer(no_accelerator, tmp_path):
-    """Each buffer warns at its first sample only; a second buffer warns again."""
-    build = _td_buffer()
-    with warnings.catch_warnings(record=True) as caught:
+@dataclass(frozen=True)
+class Warned:
+    """One warning, as :func:`pin_warnings` recorded it."""
+
+    filename: str
+    lineno: int
+    thread: str
+
+    @property
+    def line(self) -> str:
+        return linecache.getline(self.filename, self.lineno)
+
+
+@contextlib.contextmanager
+def pin_warnings() -> Iterator[list[Warned]]:
+    """Records each PinMemoryUnavailableWarning given in its block, with its thread."""
+    caught: list[Warned] = []
+
+    def showwarning(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, PinMemoryUnavailableWarning):
+            caught.append(Warned(filename, lineno, threading.current_thread().name))
+
+    with warnings.catch_warnings():
         warnings.simplefilter("always")
+        warnings.showwarning = showwarning
+        yield caught
+
+
+def _pinning_module():
+    """The module of the pinning functions: the fix's, or TorchRL's patched utils."""
+    return importlib.import_module(reference.pin_memory_function().__module__)
+
+
+def _assert_names_the_pinning_line(warned: Warned) -> None:
+    """The warning names ``pin_memory_output``'s line that skips the pinning."""
+    decorator = _pinning_module().pin_memory_output
+    lines, first = inspect.getsourcelines(decorator)
+    assert warned.filename == inspect.getsourcefile(decorator), warned
+    assert first <= warned.lineno < first + len(lines), warned
+    assert "_pins_memory(self)" in warned.line, warned
+
+
+def test_warns_once_per_buffer(no_accelerator, tmp_path):
+    """Each buffer warns at its first sample only; a second buffer warns again.
+
+    The warning is given in the caller's thread and names the line of
+    ``pin_memory_output`` that skips the pinning.
+    """
+    build = _td_buffer()
+    with pin_warnings() as caught:
         for _ in range(2):
             rb = build(True, 0, tmp_path)
             for _ in range(3):
                 rb.sample()
             rb[0:2]
-    assert sum(issubclass(w.category, PinMemoryUnavailableWarning) for w in caught) == 2
-    assert all(w.filename == __file__ for w in caught if issubclass(w.category, PinMemoryUnavailableWarning))
+    assert len(caught) == 2
+    for warned in caught:
+        assert warned.thread == threading.current_thread().name
+        _assert_names_the_pinning_line(warned)
+
+
+def test_getitem_warns_at_the_same_line(no_accelerator, tmp_path):
+    """rb[index] as a buffer's first pinned access warns once, naming the same line."""
+    rb = _td_buffer(transform=KeepObservation)(True, 0, tmp_path)
+    with pin_warnings() as caught:
+        rb[torch.tensor([0, 3])]
+        rb[1:3]
+        rb.sample()
+    assert len(caught) == 1
+    (warned,) = caught
+    assert warned.thread == threading.current_thread().name
+    _assert_names_the_pinning_line(warned)
+
+
+@pytest.mark.parametrize("prefetch_workers", [1, 3])
+def test_warns_once_with_prefetch(no_accelerator, prefetch_workers, tmp_path):
+    """With prefetch workers, a buffer warns once, naming the same line in any thread.
+
+    From TorchRL 0.13 on a buffer's first sample runs in the caller's thread; before,
+    it runs in the workers, several at once, which neither crash nor warn twice.
+    """
+    for _ in range(3):
+        rb = _td_buffer()(True, prefetch_workers, tmp_path)
+        with pin_warnings() as caught:
+            samples = _drained(rb, [rb.sample() for _ in range(6)])
+        assert len(caught) == 1, caught
+        _assert_names_the_pinning_line(caught[0])
+        assert not any(leaf.is_pinned() for _, leaf in tensor_leaves(samples))
+
+
+def _counted_availability(monkeypatch, available: bool) -> list[str]:
+    """``torch.accelerator.is_available`` answers ``available``, asked afresh; each call's
+    thread is listed."""
+    calls = []
+
+    def is_available():
+        calls.append(threading.current_thread().name)
+        return available
+
+    monkeypatch.setattr(torch.accelerator, "is_available", is_available)
+    _pinning_module()._pin_memory_available.cache_clear()
+    monkeypatch.setattr(_pinning_module()._pin_memory_available, "cache_clear", lambda: None)
+    return calls
+
+
+@pytest.fixture(autouse=True)
+def _ask_afresh():
+    """Each test asks whether an accelerator exists anew (the answer is kept per process)."""
+    forget_pin_memory_answer()
+    yield
+    forget_pin_memory_answer()
+
+
+@pytest.mark.parametrize("available", [False, True], ids=["no-accelerator", "accelerator"])
+def test_accelerator_is_asked_once(monkeypatch, available, buffer, access, prefetch, tmp_path):
+    """Whether an accelerator exists is asked once per process, not at every sample."""
+    if available:
+        install_fake_pinning(monkeypatch)
+    calls = _counted_availability(monkeypatch, False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PinMemoryUnavailableWarning)
+        _scenario(buffer, access, False, prefetch, tmp_path)()
+    unpinned = len(calls)  # TorchRL may ask for its own reasons
+    calls = _counted_availability(monkeypatch, available)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PinMemoryUnavailableWarning)
+        for _ in range(2):
+            _scenario(buffer, access, True, prefetch, tmp_path)()
+    assert len(calls) - 2 * unpinned == 1
+
+
+def test_concurrent_first_samples_neither_raise_nor_pin(monkeypatch, tmp_path):
+    """Threads that sample a buffer's first samples at once, with no accelerator: none
+    raises, none pins, and each warning names the pinning line."""
+    rb = _td_buffer()(True, 0, tmp_path)
+    barrier = threading.Barrier(8)
+    _counted_availability(monkeypatch, False)
+    samples, errors = [], []
+
+    def first_sample():
+        try:
+            barrier.wait()
+            samples.append(rb.sample())
+        except Exception as err:  # pragma: no cover - reported below
+            errors.append(err)
+
+    with pin_warnings() as caught:
+        threads = [threading.Thread(target=first_sample) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert not errors and len(samples) == 8
+    assert not any(leaf.is_pinned() for sample in samples for _, leaf in tensor_leaves(sample))
+    assert caught
+    for warned in caught:
+        _assert_names_the_pinning_line(warned)
+
+
+COPIERS = {
+    "pickle": lambda rb: pickle.loads(pickle.dumps(rb)),
+    "deepcopy": copy.deepcopy,
+}
+
+
+@pytest.mark.parametrize("copier", list(COPIERS))
+def test_copying_a_buffer_leaves_it_as_it_was(monkeypatch, copier, tmp_path):
+    """Copying a buffer that sampled changes nothing of the original; the copy pins as
+    the original does."""
+    copier = COPIERS[copier]
+    reference.skip_where_stock_cannot_copy(copier)
+    install_fake_pinning(monkeypatch)
+    _counted_availability(monkeypatch, True)
+    rb = _td_buffer()(True, 0, tmp_path)
+    rb.sample()
+    before = dict(vars(rb))
+    copied = copier(rb)
+    assert vars(rb).keys() == before.keys()
+    assert all(vars(rb)[key] is value for key, value in before.items())
+    for sample in (copied.sample(), rb.sample()):
+        assert all(leaf.is_pinned() for _, leaf in tensor_leaves(sample))
 
 
 @pytest.mark.stock_bug

@@ -3,7 +3,8 @@
 Each scenario builds a replay buffer with ``pin_memory=True``, samples it, and
 reports what came back: an exception, or how many of the returned tensors are
 pinned. The stock run happens inside :func:`torchrl_fixes.disabled`. The transform
-that builds a new TensorDict is the conformance suite's own (``KeepObservation``).
+that builds a new TensorDict is the one the conformance suite samples through
+(:class:`conformance.pinned_sample_transforms.KeepObservation`).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import torch
 from tensordict import TensorDict
 
 from conformance.harness import tensor_leaves
-from conformance.test_pinned_sample_output import KeepObservation
+from conformance.pinned_sample_transforms import KeepObservation
 from torchrl_fixes._core.warning_categories import PinMemoryUnavailableWarning
 
 

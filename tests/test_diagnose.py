@@ -33,7 +33,7 @@ from torchrl.data import (
 )
 
 import torchrl_fixes
-from conformance.fake_pinning import install_fake_pinning
+from conformance.fake_pinning import forget_pin_memory_answer, install_fake_pinning
 from torchrl_fixes import diagnose as diagnose_function
 from torchrl_fixes.diagnose import (
     SAMPLE_STAGES,
@@ -436,7 +436,8 @@ def test_png(tmp_path):
 def fake_accelerator(monkeypatch):
     if torch.accelerator.is_available():
         pytest.skip("a real accelerator is present")
-    return install_fake_pinning(monkeypatch)
+    yield install_fake_pinning(monkeypatch)
+    forget_pin_memory_answer()
 
 
 def _rebuild(td):

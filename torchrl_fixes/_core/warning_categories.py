@@ -28,8 +28,8 @@ def _package_dirs() -> tuple[str, ...]:
         module = sys.modules.get(name)
         if module is not None and getattr(module, "__file__", None):
             dirs.append(os.path.dirname(module.__file__))
-    # code the fixes compile from TorchRL's source (patching.derive_from_source,
-    # patching.wrap_with_statements) has a "<torchrl_fixes ...>" file name
+    # code the fixes compile from TorchRL's source (patching.derive_from_source) has a
+    # "<torchrl_fixes ...>" file name
     return (*(d if d.endswith(".py") else os.path.join(d, "") for d in dirs), "<torchrl_fixes")
 
 

@@ -14,19 +14,30 @@ returns unpinned data, as :class:`torch.utils.data.DataLoader` does. Pinning
 still runs inside ``_sample``, so with ``prefetch`` it happens in the prefetch
 worker, off the training thread.
 
+Whether an accelerator is available is asked once per process
+(:func:`_pin_memory_available`), not at every sample. With none, each buffer
+warns once, naming the line of :func:`pin_memory_output` that skips the pinning
+(``stacklevel=2``, no frame walk): the same line whichever thread samples, the
+caller's or, with ``prefetch``, a worker's, and whatever wraps the pinned method.
+Python's default filter shows it once per process.
+
 On TorchRL main (torchrl-nightly 2026.10.27), ``TensorDictReplayBuffer.sample``
 also takes ``wait``, ``timeout`` and ``cancel_event``, and a writer built with
 ``track_generations=True`` adds an ``index_generation`` info entry: the fix
 replaces that ``sample`` with one taking the same arguments and passing them on
 as stock does, and pins ``index_generation`` like every other info entry.
 
-The functions below are TorchRL's own, changed where the fix needs it, one
-``sample`` per stock variant; the 0.14.1 ones are what the upstream patch puts in
-``torchrl/data/replay_buffers/utils.py`` and ``TensorDictReplayBuffer.sample``.
+The code from :func:`_pin_memory_available` to :func:`_pin_memory` is what the
+upstream patch puts in ``torchrl/data/replay_buffers/utils.py``, where the warning's
+category is ``UserWarning`` instead of :class:`PinMemoryUnavailableWarning`;
+:data:`SAMPLE_EDITS` are its edits of ``TensorDictReplayBuffer.sample``, made here
+to each stock variant's own source.
 """
 from __future__ import annotations
 
+import functools
 import types
+import warnings
 from typing import Any, Callable
 
 import torch
@@ -36,7 +47,7 @@ from tensordict import is_tensor_collection
 from torchrl_fixes._core.patching import Replacement, derive_from_source
 from torchrl_fixes._core.errors import TargetChanged
 from torchrl_fixes._core.registry import Fix, Target
-from torchrl_fixes._core.warning_categories import PinMemoryUnavailableWarning, warn_at_caller
+from torchrl_fixes._core.warning_categories import PinMemoryUnavailableWarning
 
 try:
     from torchrl.data.replay_buffers import utils as _rb_utils
@@ -47,8 +58,9 @@ else:
     _IMPORT_ERROR = None
 
 
+@functools.cache
 def _pin_memory_available() -> bool:
-    """Whether there is an accelerator for pinned memory to serve."""
+    """Whether there is an accelerator for pinned memory to serve, asked once per process."""
     accelerator = getattr(torch, "accelerator", None)
     if accelerator is not None:
         return accelerator.is_available()
@@ -59,6 +71,61 @@ def _pin_tensor(tensor: torch.Tensor) -> torch.Tensor:
     if tensor.device.type == "cpu":
         return tensor.pin_memory()
     return tensor
+
+
+def _pins_memory(buffer) -> bool:
+    """Whether ``buffer``, built with ``pin_memory=True``, pins what it returns.
+
+    It does where an accelerator is available. With none, it returns unpinned
+    data, as :class:`torch.utils.data.DataLoader` does, and warns once, naming the
+    line that calls this function (in :func:`pin_memory_output`), the same in every
+    thread: a buffer with ``prefetch`` may sample in a worker thread.
+
+    Args:
+        buffer (ReplayBuffer): the replay buffer.
+
+    Examples:
+        >>> import torch
+        >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
+        >>> rb = ReplayBuffer(storage=LazyTensorStorage(10), pin_memory=True)
+        >>> _ = rb.extend(torch.arange(10))
+        >>> sample = rb.sample(4)  # warns if no accelerator is available
+        >>> sample.is_pinned() == _pins_memory(rb) == _pin_memory_available()
+        True
+    """
+    if _pin_memory_available():
+        return True
+    if not getattr(buffer, "_warned_pin_memory_unavailable", False):
+        buffer._warned_pin_memory_unavailable = True
+        warnings.warn(
+            "pin_memory=True was passed to the replay buffer, but no accelerator "
+            "is available: samples are returned without pinned memory.",
+            category=PinMemoryUnavailableWarning,
+            stacklevel=2,
+        )
+    return False
+
+
+def pin_memory_output(fun) -> Callable:
+    """Pins every CPU tensor of the outputs of the decorated replay buffer method.
+
+    Pinning happens when the buffer was built with ``pin_memory=True`` and an
+    accelerator is available (:func:`_pins_memory`); with none, the output is
+    returned unpinned and the buffer warns once.
+    :func:`_pin_memory` says what is pinned.
+
+    Args:
+        fun (Callable): a method of a replay buffer, such as ``_sample`` or
+            ``__getitem__``.
+    """
+
+    def decorated_fun(self, *args, **kwargs):
+        output = fun(self, *args, **kwargs)
+        if self._pin_memory and _pins_memory(self):
+            output = _pin_memory(output)
+        return output
+
+    return decorated_fun
 
 
 def _pin_memory(output: Any) -> Any:
@@ -87,36 +154,6 @@ def _pin_memory(output: Any) -> Any:
     return output
 
 
-def _warn_pin_memory_unavailable(buffer) -> None:
-    if not getattr(buffer, "_warned_pin_memory_unavailable", False):
-        buffer._warned_pin_memory_unavailable = True
-        warn_at_caller(
-            "pin_memory=True was passed to the replay buffer, but no accelerator is "
-            "available: samples are returned without pinned memory.",
-            PinMemoryUnavailableWarning,
-        )
-
-
-def pin_memory_output(fun) -> Callable:
-    """Calls pin_memory on every CPU tensor of the outputs of the decorated function.
-
-    The decorated method belongs to a replay buffer; pinning happens when the buffer
-    was built with ``pin_memory=True``. With no accelerator available, the output is
-    returned unpinned and the buffer warns once.
-    """
-
-    def decorated_fun(self, *args, **kwargs):
-        output = fun(self, *args, **kwargs)
-        if self._pin_memory:
-            if not _pin_memory_available():
-                _warn_pin_memory_unavailable(self)
-                return output
-            output = _pin_memory(output)
-        return output
-
-    return decorated_fun
-
-
 # The lines the fix writes into the stock ``TensorDictReplayBuffer.sample`` (its source
 # as a top-level function, dedented): the info
 # entries it sets in the sample (the stacked index, generations, weights) are pinned
@@ -124,7 +161,7 @@ def pin_memory_output(fun) -> Callable:
 SAMPLE_EDITS = (
     (
         "        for key, val in info.items():\n",
-        "        pin_info = self._pin_memory and _pin_memory_available()\n"
+        "        pin_info = self._pin_memory and _pins_memory(self)\n"
         "        for key, val in info.items():\n",
     ),
     (
@@ -143,7 +180,7 @@ def _tensordict_replay_buffer_sample(stock: Callable) -> Callable:
         stock,
         SAMPLE_EDITS,
         _pin_memory=_pin_memory,
-        _pin_memory_available=_pin_memory_available,
+        _pins_memory=_pins_memory,
     )
 
 

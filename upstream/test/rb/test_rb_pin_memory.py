@@ -4,6 +4,9 @@
 # LICENSE file in the root directory of this source tree.
 from __future__ import annotations
 
+import inspect
+import linecache
+import threading
 import warnings
 
 import pytest
@@ -16,6 +19,7 @@ from torchrl.data import (
     TensorDictPrioritizedReplayBuffer,
     TensorDictReplayBuffer,
 )
+from torchrl.data.replay_buffers import utils as rb_utils
 from torchrl.data.replay_buffers.samplers import SliceSampler
 from torchrl.data.replay_buffers.storages import (
     LazyMemmapStorage,
@@ -27,6 +31,11 @@ _has_accelerator = (
     torch.accelerator.is_available()
     if hasattr(torch, "accelerator")
     else torch.cuda.is_available()
+)
+
+# the tests that count the queries of torch.accelerator.is_available
+_needs_torch_accelerator = pytest.mark.skipif(
+    not hasattr(torch, "accelerator"), reason="torch.accelerator is not available"
 )
 
 # the replay buffers pin_memory is checked on, by kind
@@ -102,6 +111,27 @@ def _tensors(output):
     return [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
 
 
+def _assert_names_the_pinning_line(record):
+    # the warning names the line of pin_memory_output that skips the pinning, in
+    # whichever thread the sample runs
+    lines, first = inspect.getsourcelines(rb_utils.pin_memory_output)
+    assert record.filename == inspect.getsourcefile(rb_utils.pin_memory_output)
+    assert first <= record.lineno < first + len(lines)
+    assert "_pins_memory(self)" in linecache.getline(record.filename, record.lineno)
+
+
+def _count_accelerator_queries(monkeypatch):
+    """Makes torch.accelerator.is_available answer False; returns the list of calls."""
+    calls = []
+
+    def is_available():
+        calls.append(threading.current_thread().name)
+        return False
+
+    monkeypatch.setattr(torch.accelerator, "is_available", is_available)
+    return calls
+
+
 def _assert_equal(output, expected):
     leaves, spec = tree_flatten(output)
     expected_leaves, expected_spec = tree_flatten(expected)
@@ -146,8 +176,7 @@ class TestPinMemoryWithoutAccelerator:
         with pytest.warns(UserWarning, match="no accelerator") as record:
             output = rb.sample(return_info=True)
         assert len(record) == 1
-        # the warning names the line that sampled
-        assert record[0].filename == __file__
+        _assert_names_the_pinning_line(record[0])
         _assert_equal(output, expected)
         assert not any(tensor.is_pinned() for tensor in _tensors(output))
 
@@ -171,4 +200,26 @@ class TestPinMemoryWithoutAccelerator:
                     rb.sample()
         record = [w for w in record if "no accelerator" in str(w.message)]
         assert len(record) == 2
-        assert all(issubclass(w.category, UserWarning) for w in record)
+        for w in record:
+            assert issubclass(w.category, UserWarning)
+            _assert_names_the_pinning_line(w)
+
+    @_needs_torch_accelerator
+    @pytest.mark.parametrize("prefetch", [0, 2])
+    def test_asks_for_an_accelerator_once(self, monkeypatch, prefetch):
+        calls = _count_accelerator_queries(monkeypatch)
+        # the question pin_memory_output asks, answered once per process
+        available = rb_utils.pin_memory_output.__globals__["_pin_memory_available"]
+        available.cache_clear()
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                for _ in range(2):
+                    rb = _make_buffer("slice", pin_memory=True, prefetch=prefetch)
+                    for _ in range(3):
+                        rb.sample(return_info=True)
+                    rb[torch.tensor([0, 3, 2])]
+        finally:
+            available.cache_clear()
+        # once per process, not once per sample
+        assert len(calls) == 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import types
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +34,9 @@ from torchrl.data import (
 import torchrl_fixes
 from conformance import reference
 from conformance.harness import assert_identical, run_patched, run_stock
+from torchrl_fixes._core.patching import derive_from_source
 from torchrl_fixes._core.registry import Registry
+from torchrl_fixes._core.source_fingerprint import source_fingerprint
 from torchrl_fixes.fixes import ALL_FIXES
 from torchrl_fixes.fixes import single_gather as fix
 
@@ -213,15 +216,18 @@ def update_priorities(rb, info) -> None:
     rb.update_priority(index, 1.0 + (flat % 7).to(torch.float32))
 
 
-def sample_scenario(case: Case, scratch: Path | None):
+def sample_scenario(case: Case, scratch: Path | None, prepare=None):
     """Samples the buffer of ``case`` a few times; returns every (data, info).
 
-    A sample that raises ends the scenario with ``("raised", type, message)``, so
-    stock and patched must fail alike.
+    ``prepare(rb)``, if given, is called on the buffer first. A sample that raises
+    ends the scenario with ``("raised", type, message)``, so stock and patched must
+    fail alike.
     """
 
     def scenario():
         rb = build_buffer(case, scratch)
+        if prepare is not None:
+            prepare(rb)
         out = []
         for _ in range(SAMPLES):
             try:
@@ -498,30 +504,49 @@ def test_stock_streaming_write_gathers_the_written_rows(case, request):
     assert _count_write_gathers(rb) == 1
 
 
-@pytest.mark.parametrize(
-    "options", [{}, {"traj_key": "episode", "end_key": None}], ids=["end_key", "traj_key"]
-)
-def test_streaming_writes_queue_the_stock_windows(options, request):
-    """Writes interleaved with samples: the queued windows, hence the samples, are stock's.
+# The written rows' entries mark_update reads: the done flags (end_key, end_keys),
+# the ids (traj_key, or the one it finds: "episode" here) and is_init.
+STREAMING_QUEUE_CASES = [
+    Case("streaming", "tensor"),
+    Case("streaming", "tensor", options={"traj_key": "episode", "end_key": None}),
+    Case("streaming", "tensor", options={"end_key": None}),  # the ids it finds
+    Case(
+        "streaming",
+        "tensor",
+        options={"end_key": None, "end_keys": [("next", "done"), ("next", "truncated")]},
+    ),
+    Case("streaming", "tensor", data={"is_init": False}),
+    Case("streaming", "memmap", fill="wrapped"),
+    Case("streaming", "tensor", buffer="plain"),
+]
 
-    Each write ends inside an episode (its last done flag is cleared) and the next
-    one starts a new episode: only ``is_init`` (and the ids, with a trajectory key)
-    tells the sampler not to join them.
+
+@pytest.mark.parametrize("case", STREAMING_QUEUE_CASES, ids=[case.id for case in STREAMING_QUEUE_CASES])
+def test_streaming_writes_queue_the_stock_windows(case, tmp_path, request):
+    """Writes interleaved with samples: the sampler's queue after each write, and the samples, are stock's.
+
+    ``mark_update`` reads the written rows to cut them into windows; its state
+    (``state_dict()``: queued windows, the pending rows of an unfinished window,
+    the slots' write versions, the last trajectory id and done flag) must be
+    stock's after every write. Each write ends inside an episode (its last done
+    flag is cleared) and the next one starts a new episode: only ``is_init``
+    (and the ids, with a trajectory key) tells the sampler not to join them;
+    the wrapped buffer overwrites queued windows.
     """
-    case = Case("streaming", "tensor", options=options)
     require(case, request)
 
     def scenario():
-        rb = build_buffer(case, None)
-        out = []
+        rb = build_buffer(case, tmp_path)
+        out = [rb._sampler.state_dict()]
         for seed in range(4):
-            batch = episodes(30, seed=seed + 10)
+            batch = episodes(30, seed=seed + 10, **case.data)
             batch[("next", "done")][-1] = False
             rb.extend(batch)
+            out.append(rb._sampler.state_dict())
             out.append(rb.sample(return_info=True))
         return out
 
-    assert_identical(run_stock(scenario), run_patched(scenario))
+    assert_identical(run_stock(scenario), run_patched(scenario), case.id)
 
 
 def test_entries_the_info_needs_are_still_read():
@@ -543,6 +568,101 @@ def test_batch_time_reads_only_the_init_flags(request):
     assert _count_gathers(rb, "is_init") == 2
     for entry in (("next", "done"), ("next", "terminated"), "pixels"):
         assert _count_gathers(rb, entry) == 1, entry
+
+
+# --- The fixed-length path (TorchRL 0.14 on) ------------------------------------------
+# The fix's _finalize_index is 0.14's (main's) with its reads edited, and the
+# fixed-length path (fix.FIXED_LENGTH_EDITS) in front of its general path. The
+# cases above run both: the fixed-length path builds the info of slices of one
+# length, the general path the others. These check that the general path alone is
+# exact on every case too (what 0002's reads are without the fixed-length path), and
+# which samples the fixed-length path serves.
+HAS_FINALIZE_INDEX = "_finalize_index" in vars(SliceSampler)
+
+
+def finalize_index_builder(fixed_length_info=fix._fixed_length_info, *, fixed_length=True):
+    """The fix's ``_finalize_index``, with ``fixed_length_info`` as its fixed-length path, or without one."""
+    target = next(t for t in fix.SingleGather.implements if t.path == "SliceSampler._finalize_index")
+    with torchrl_fixes.disabled():
+        stock = target.stock()
+    edits = fix.INFO_BUILDER_EDITS[source_fingerprint(stock)]
+    if not fixed_length:
+        edits = tuple(edit for edit in edits if edit not in fix.FIXED_LENGTH_EDITS)
+    return derive_from_source(
+        stock, edits, _read_entries=fix._read_entries, _fixed_length_info=fixed_length_info
+    )
+
+
+def with_builder(rb, builder):
+    """``rb``, its sampler building its info with ``builder`` (set on the instance)."""
+    rb._sampler._finalize_index = types.MethodType(builder, rb._sampler)
+    return rb
+
+
+needs_finalize_index = pytest.mark.skipif(
+    not HAS_FINALIZE_INDEX, reason="the fixed-length path is an edit of _finalize_index (0.14 on)"
+)
+
+
+@reference.runtime_only
+@needs_finalize_index
+@pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
+def test_general_path_alone_matches_stock(case, tmp_path, request):
+    """Without the fixed-length path, the fix's ``_finalize_index`` builds exactly stock's info too."""
+    require(case, request)
+    general = finalize_index_builder(fixed_length=False)
+
+    patched = sample_scenario(case, tmp_path, lambda rb: with_builder(rb, general))
+    assert_identical(run_stock(sample_scenario(case, tmp_path)), run_patched(patched), case.id)
+
+
+FIXED_LENGTH_SERVES = [
+    (Case("slice", "tensor"), True),
+    (Case("slice", "ndim2"), True),
+    (Case("slice", "memmap", fill="wrapped"), True),
+    (Case("slice", "tensor", options={"truncated_key": None}), True),
+    (Case("slice", "tensor", options={"truncated_key": None, "init_key": None}), True),
+    (Case("without_replacement", "tensor"), True),
+    (Case("streaming", "tensor"), True),
+    (Case("slice", "tensor", options={"traj_key": "episode", "end_key": None}), True),
+    # slices of several lengths, padded slices: the general path
+    (Case("slice", "tensor", options={"strict_length": False}), False),
+    (Case("slice", "tensor", options={"strict_length": False, "pad_output": True}), False),
+    (Case("slice", "tensor", options={**BATCH_TIME}, needs=("output_layout",)), False),
+    # another storage than the fix reads directly: the general path
+    (Case("slice", "tensor", buffer="rowdecoding"), False),
+]
+
+
+@reference.runtime_only
+@needs_finalize_index
+@pytest.mark.parametrize(
+    "case,serves", FIXED_LENGTH_SERVES, ids=[case.id for case, _ in FIXED_LENGTH_SERVES]
+)
+def test_fixed_length_path_serves_slices_of_one_length(case, serves, tmp_path, request):
+    """The fixed-length path builds the info of samples of slices of one length from a tensor storage; the general path the others."""
+    require(case, request)
+    built = []
+
+    def spy(*args):
+        out = fix._fixed_length_info(*args)
+        built.append(out is not None)
+        return out
+
+    if case.buffer == "rowdecoding":
+        rb = TensorDictReplayBuffer(
+            storage=RowDecodingStorage(CAPACITY),
+            sampler=SliceSampler(num_slices=NUM_SLICES, end_key=("next", "done")),
+            batch_size=BATCH,
+        )
+        rb.extend(episodes(150))
+    else:
+        rb = build_buffer(case, tmp_path)
+    with_builder(rb, finalize_index_builder(spy))
+    for _ in range(SAMPLES):
+        rb.sample()
+    # served: every sample; else none (the path declines, or is not asked)
+    assert (len(built) == SAMPLES and all(built)) if serves else not any(built), built
 
 
 @pytest.mark.parametrize("storage", ["tensor", "memmap", "ndim2"])

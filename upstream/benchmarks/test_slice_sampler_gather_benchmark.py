@@ -55,7 +55,8 @@ def _buffer(size, sampler):
 @pytest.mark.parametrize("size", _SIZES)
 def test_slice_sampler_image_sample(benchmark, size):
     rb = _buffer(
-        size, SliceSampler(num_slices=_NUM_SLICES, traj_key="episode", cache_values=True)
+        size,
+        SliceSampler(num_slices=_NUM_SLICES, traj_key="episode", cache_values=True),
     )
     benchmark.pedantic(rb.sample, warmup_rounds=2, rounds=50, iterations=1)
 

@@ -108,7 +108,9 @@ def _other_statements(tree: ast.Module) -> list[str]:
         if isinstance(node, ast.ClassDef):
             kept.append(f"class {node.name} bases={ast.dump(ast.Module(node.bases, []))}")
             for item in node.body:
-                if not isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    continue
+                if item is not _docstring(node):
                     kept.append(f"{node.name}: {ast.dump(item)}")
             continue
         if isinstance(node, ast.Try) and all(
@@ -117,6 +119,13 @@ def _other_statements(tree: ast.Module) -> list[str]:
             continue
         kept.append(ast.dump(node))
     return kept
+
+
+def _docstring(node: ast.ClassDef) -> ast.stmt | None:
+    """The statement holding a class's docstring (a docstring is no behaviour to revert)."""
+    first = node.body[0] if node.body else None
+    is_text = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+    return first if is_text and isinstance(first.value.value, str) else None
 
 
 def _assigned_names(node: ast.AST) -> set[str] | None:

@@ -37,9 +37,10 @@ def test_readme_status_output_quotes_the_declared_fallbacks():
 
 @pytest.mark.parametrize("fix", [f for f in ALL_FIXES if f.fallbacks], ids=lambda f: f.name)
 def test_patch_headers_render_the_declared_fallbacks(fix):
-    from devtools.upstream_patches import fallbacks_text
+    from devtools.upstream_patches import PRS, fallbacks_text
 
-    (patch,) = (ROOT / "patches" / "main").glob(f"*-{fix.name.replace('_', '-')}.patch")
+    (name,) = [pr.name for pr in PRS if pr.fix == fix.name]
+    patch = ROOT / "patches" / "main" / f"{name}.patch"
     header = patch.read_text().split("\ndiff --git ")[0]
     assert fallbacks_text(fix.name) in header
     flat = " ".join(header.split())

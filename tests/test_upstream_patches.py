@@ -1,48 +1,30 @@
-"""The upstream series applies to TorchRL main and carries the runtime fixes' code.
+"""The upstream series, ``patches/main/``, is what ``devtools/upstream_patches.py`` renders.
 
-Each patch is applied with ``git apply -p1`` to a copy of the installed TorchRL's
-files. The generated patches must be byte for byte what ``export-patches`` writes
-from the runtime fixes today; the hand-written one must hold functions with the
-same source fingerprints as the runtime fix's. A change to one side without the
-other fails.
+The committed patches must be byte for byte what the tool writes from the runtime fixes and
+``upstream/`` today, apply in order to TorchRL main as the pinned nightly builds it, and say
+nothing of this package; each pull request has its text, and each file of ``upstream/`` goes
+into exactly one of them. A change to one side without the other fails here.
 """
 from __future__ import annotations
 
 import ast
+import builtins
 import inspect
-import os
 import shutil
 import subprocess
+import symtable
 import textwrap
 from pathlib import Path
 
 import pytest
-from packaging.version import Version
 
 import torchrl_fixes
 from devtools import upstream_patches
 from devtools.torchrl_matrix import NIGHTLY_VERSION
-from torchrl_fixes._core.source_fingerprint import fingerprint_source, source_fingerprint
 from torchrl_fixes._core.versions import installed_version
-from torchrl_fixes.fixes import pinned_sample_output as pinned
-from torchrl_fixes.fixes.slice_boundary_index import (
-    BOUNDARY_INDEX_EDITS,
-    INLINE_HOOKS,
-    SAMPLE_HOOKS,
-    SliceBoundaryIndex,
-)
 
-PATCHES = upstream_patches.SERIES[0].folder
-# The series, one pull request each, in merge order.
-SERIES_FILES = [
-    "0001-pinned-sample-output.patch",
-    "0002-single-gather.patch",
-    "0003-trajectory-order.patch",
-    "0004-trajectory-boundaries.patch",
-    "0005-storage-boundaries.patch",
-    "0006-slice-boundary-index.patch",
-    "0007-slice-sample-order.patch",
-]
+SERIES = upstream_patches.SERIES[0]
+NAMES = [f"{pr.name}.patch" for pr in upstream_patches.PRS]
 
 pytestmark = pytest.mark.skipif(
     str(installed_version("torchrl")) != NIGHTLY_VERSION or shutil.which("git") is None,
@@ -51,291 +33,207 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _function_source(path: Path, name: str, cls: str | None = None) -> str:
-    source = path.read_text()
-    body = ast.parse(source).body
-    if cls is not None:
-        body = next(n for n in body if isinstance(n, ast.ClassDef) and n.name == cls).body
-    node = next(n for n in body if isinstance(n, ast.FunctionDef) and n.name == name)
-    return ast.get_source_segment(source, node)
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, str]:
+    """What export-patches writes today (rendered once: it runs upstream's formatter)."""
+    return upstream_patches.render()
 
 
-@pytest.fixture
-def patched_torchrl(tmp_path):
-    """A copy of the installed TorchRL with every patch applied."""
-    tree = tmp_path / "src"
-    tree.mkdir()
-    upstream_patches.patched_copy(tree)
-    return tree
-
-
-def test_patches_apply_in_order(patched_torchrl):
-    """Every patch applies cleanly, in order, to TorchRL main."""
-    assert (patched_torchrl / "torchrl/data/replay_buffers/utils.py").is_file()
-
-
-def test_pinned_sample_output_patch_matches_the_runtime_fix(patched_torchrl):
-    """The functions the pinning patch writes are the runtime fix's, fingerprint for fingerprint."""
-    utils = patched_torchrl / "torchrl/data/replay_buffers/utils.py"
-    tensordict_rb = patched_torchrl / "torchrl/data/replay_buffers/replay_buffers/tensordict.py"
-    for name in ("pin_memory_output", "_pin_memory", "_pin_memory_available", "_pin_tensor"):
-        assert fingerprint_source(_function_source(utils, name)) == source_fingerprint(
-            getattr(pinned, name)
-        ), name
-    from torchrl.data import TensorDictReplayBuffer
-
-    runtime_sample = pinned._tensordict_replay_buffer_sample(
-        torchrl_fixes.get_original(TensorDictReplayBuffer, "sample")
-    )
-    assert fingerprint_source(
-        _function_source(tensordict_rb, "sample", cls="TensorDictReplayBuffer")
-    ) == source_fingerprint(runtime_sample)
-
-
-def test_warning_differs_only_in_category(patched_torchrl):
-    """The upstream warning says the same words as the runtime one, as a UserWarning."""
-    upstream = _function_source(
-        patched_torchrl / "torchrl/data/replay_buffers/utils.py", "_warn_pin_memory_unavailable"
-    )
-    runtime = inspect.getsource(pinned._warn_pin_memory_unavailable)
-
-    def message(source):
-        call = next(
-            n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call) and n.args
-            and isinstance(n.args[0], ast.Constant) and isinstance(n.args[0].value, str)
-        )
-        return call.args[0].value
-
-    assert message(upstream) == message(runtime)
-    assert "category=UserWarning" in upstream
-    assert issubclass(torchrl_fixes.PinMemoryUnavailableWarning, UserWarning)
-
-
-def test_generated_patches_are_what_the_fixes_write():
-    """patches/main/ is exactly what export-patches writes from the runtime fixes and upstream/."""
-    rendered = upstream_patches.render()
-    assert list(rendered) == [
-        *SERIES_FILES,
-    ]
-    for name, text in rendered.items():
-        assert (PATCHES / name).read_text() == text, f"{name} is out of date: run export-patches"
-
-
-def _statements(nodes) -> list[str]:
-    return [ast.dump(node) for node in nodes]
-
-
-def _parsed(statements) -> list[str]:
-    return _statements(ast.parse("\n".join(statements)).body)
-
-
-def test_inline_hooks_are_what_the_runtime_wrappers_run():
-    """Each method the slice patch edits runs, around the stock code, what its runtime wrapper runs."""
-    with torchrl_fixes.disabled():  # planned against stock code, as when applied
-        replacements = SliceBoundaryIndex().plan()
-    wrappers = {
-        # a static method's replacement is the staticmethod around the wrapper
-        f"{rep.owner.__name__}.{rep.name}": getattr(rep.new, "__func__", rep.new)
-        for rep in replacements
-    }
-    hooks = {**INLINE_HOOKS, **SAMPLE_HOOKS}
-    edited = {qualname for _, qualname in BOUNDARY_INDEX_EDITS}
-    assert {qualname for _, qualname in hooks} == set(wrappers) - edited
-    for (_, qualname), (before, after) in hooks.items():
-        # the code object: inspect would follow functools.wraps to the stock method
-        body = ast.parse(textwrap.dedent(inspect.getsource(wrappers[qualname].__code__))).body[0].body
-        call = next(
-            i for i, node in enumerate(body)
-            if any(isinstance(n, ast.Name) and n.id == "original" for n in ast.walk(node))
-        )
-        tail = body[call + 1 :]
-        if tail and isinstance(tail[-1], ast.Return):
-            tail = tail[:-1]  # hands back what the stock method returned
-        assert _statements(body[:call]) == _parsed(before), qualname
-        assert _statements(tail) == _parsed(after), qualname
-
-
-def test_patch_edits_only_add_the_hooks(patched_torchrl):
-    """With the inline statements taken out, every method the slice patch edits is the stock method."""
-    import torchrl
-
-    site = Path(torchrl.__file__).parent
-    for (path, qualname), (before, after) in {**INLINE_HOOKS, **SAMPLE_HOOKS}.items():
-        cls, name = qualname.split(".")
-        hooks = set(_parsed(before) + _parsed(after))
-        patched_file = patched_torchrl / "torchrl/data/replay_buffers" / path
-        stock_file = site / "data/replay_buffers" / path
-        patched = _methods(patched_file, cls, name)
-        stock = _methods(stock_file, cls, name)
-        assert len(patched) == len(stock) >= 1, qualname
-        for patched_node, stock_node in zip(patched, stock):
-            kept = [n for n in patched_node.body if ast.dump(n) not in hooks]
-            assert len(kept) == len(patched_node.body) - len(hooks), qualname
-            assert _statements(kept) == _statements(stock_node.body), qualname
-
-
-def test_edited_methods_are_what_the_runtime_derives(patched_torchrl):
-    """A method the series edits in place is, in the patched source, the runtime fix's
-    method: the stock source with the same edits (patching.derive_from_source)."""
-    with torchrl_fixes.disabled():  # planned against stock code, as when applied
-        derived = {f"{rep.owner.__name__}.{rep.name}": rep.new for rep in SliceBoundaryIndex().plan()}
-    for (path, qualname), _ in BOUNDARY_INDEX_EDITS.items():
-        cls, name = qualname.split(".")
-        (patched,) = _methods(patched_torchrl / "torchrl/data/replay_buffers" / path, cls, name)
-        runtime = ast.parse(textwrap.dedent(inspect.getsource(derived[qualname]))).body[0]
-        assert ast.dump(patched) == ast.dump(runtime), qualname
-
-
-def _methods(path: Path, cls: str, name: str) -> list[ast.FunctionDef]:
-    body = next(
-        n for n in ast.parse(path.read_text()).body if isinstance(n, ast.ClassDef) and n.name == cls
-    ).body
-    return [n for n in body if isinstance(n, ast.FunctionDef) and n.name == name]
-
-
-@pytest.mark.parametrize("name", SERIES_FILES)
-def test_each_patch_needs_only_what_it_declares(name, tmp_path):
-    """A patch applies to TorchRL main with only the patches its header names applied first."""
-    import torchrl
-
-    site = Path(torchrl.__file__).parent.parent
-    header = (PATCHES / name).read_text().split("\ndiff --git ", 1)[0]
-    declared = header.split("Depends on: ", 1)[1].split(".", 1)[0]
-    needed = [] if declared == "nothing" else [n.strip() for n in declared.split(",")]
-    tree = tmp_path / "src"
-    shutil.copytree(site / "torchrl", tree / "torchrl", ignore=shutil.ignore_patterns("__pycache__"))
-    for number in needed:
-        (patch,) = PATCHES.glob(f"{number}-*.patch")
-        upstream_patches._git_apply(tree, patch)
-    result = subprocess.run(
-        ["git", "apply", "--check", "-p1", str(PATCHES / name)],
-        cwd=tree,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "GIT_CEILING_DIRECTORIES": str(tree.parent)},
-    )
-    assert result.returncode == 0, result.stderr
-
-
-def test_patched_source_holds_the_runtime_modules(patched_torchrl):
-    """The modules the slice patch adds are the runtime package's, imports aside."""
-    from torchrl_fixes.fixes.slice_boundary_index import (
-        boundary_cache,
-        slice_boundaries,
-        slice_sampling,
-        storage_boundaries,
-        trajectory_boundaries,
-    )
-
-    rb = patched_torchrl / "torchrl/data/replay_buffers"
-    for module in (trajectory_boundaries, storage_boundaries, slice_boundaries, slice_sampling):
-        dotted = upstream_patches._torchrl_module(module.__name__)
-        added = patched_torchrl / (dotted.replace(".", "/") + ".py")
-        runtime_text = upstream_patches._without_release_lines(
-            Path(module.__file__).read_text(), module.__name__
-        )
-        runtime = _definitions_without_docstrings(runtime_text)
-        upstream = _definitions_without_docstrings(added.read_text())
-        assert upstream == runtime, module.__name__
-    # the boundary cache's functions, in utils.py beside the cache
-    runtime = _definitions_without_docstrings(Path(boundary_cache.__file__).read_text())
-    utils = _definitions_without_docstrings((rb / "utils.py").read_text())
-    assert runtime and all(utils.get(name) == dump for name, dump in runtime.items())
-
-
-def _definitions_without_docstrings(source: str) -> dict[str, str]:
-    """Top-level definitions, dumped without docstrings (their doctests import differently)."""
-    tree = ast.parse(source)
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if (
-            isinstance(node, (ast.FunctionDef, ast.ClassDef))
-            and body
-            and isinstance(body[0], ast.Expr)
-            and isinstance(body[0].value, ast.Constant)
-            and isinstance(body[0].value.value, str)
-        ):
-            node.body = body[1:] or [ast.Pass()]
-    return {n.name: ast.dump(n) for n in tree.body if hasattr(n, "name")}
-
-
-def test_export_check_names_a_stale_patch(tmp_path, capsys):
-    """``export-patches --check`` exits 0 on patches/ and 1, naming the file, on a stale copy."""
-    from devtools.__main__ import main
-
-    assert main(["export-patches", "--check"]) == 0
-    for patch in PATCHES.glob("*.patch"):
-        shutil.copy(patch, tmp_path / patch.name)
-    stale = tmp_path / "0002-single-gather.patch"
-    stale.write_text(stale.read_text().replace("_read_entries", "_read_all", 1))
-    capsys.readouterr()
-    assert main(["export-patches", "--check", "--patches", str(tmp_path)]) == 1
-    assert "0002-single-gather.patch: out of date" in capsys.readouterr().out
-    assert main(["export-patches", "--patches", str(tmp_path)]) == 0
-    assert stale.read_text() == (PATCHES / stale.name).read_text()
-
-
-def test_patched_copy_applies_every_patch(tmp_path):
-    """``patched-copy`` leaves a TorchRL tree holding every patch, and names the stock one."""
-    stock = upstream_patches.patched_copy(tmp_path)
-    assert (tmp_path / "torchrl/data/replay_buffers/storage_boundaries.py").is_file()
-    assert "_read_entries" in (tmp_path / "torchrl/data/replay_buffers/samplers/slice.py").read_text()
-    assert not (stock / "data/replay_buffers/storage_boundaries.py").exists()
-    with pytest.raises(upstream_patches.ExportError, match="already exists"):
-        upstream_patches.patched_copy(tmp_path)
-
-
-def test_patched_copy_inside_a_git_work_tree(tmp_path):
-    """A copy made inside a repository (nox's .nox/ folder) still gets every patch."""
-    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
-    dest = tmp_path / ".nox" / "upstream" / "tmp"
+@pytest.fixture(scope="module")
+def patched(tmp_path_factory) -> Path:
+    """A copy of the installed TorchRL with the committed series applied, made inside a git
+    work tree (as nox's .nox/ folder is), where git apply must still write every path."""
+    repo = tmp_path_factory.mktemp("repo")
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    dest = repo / ".nox" / "upstream" / "tmp"
     dest.mkdir(parents=True)
-    upstream_patches.patched_copy(dest)
-    assert (dest / "torchrl/data/replay_buffers/storage_boundaries.py").is_file()
-    assert "_read_entries" in (dest / "torchrl/data/replay_buffers/samplers/slice.py").read_text()
+    assert upstream_patches.patched_copy(dest) == upstream_patches.installed_torchrl_root() / "torchrl"
+    return dest
 
 
-def test_the_series_lists_its_patches_in_order():
-    """patches/main/ holds the whole series, 0001 included, in merge order."""
-    (series,) = upstream_patches.SERIES
-    assert upstream_patches.installed_series() is series
-    listed = upstream_patches.series_patches(series)
-    assert [p.name for p in listed] == [
-        *SERIES_FILES,
-    ]
-    assert series.torchrl == NIGHTLY_VERSION
+def test_committed_patches_are_what_the_tool_renders(rendered):
+    assert list(rendered) == NAMES
+    assert sorted(p.name for p in SERIES.folder.glob("*.patch")) == NAMES
+    for name, text in rendered.items():
+        assert (SERIES.folder / name).read_text() == text, f"{name} is out of date: run export-patches"
 
 
-def test_every_upstream_file_goes_into_one_patch(monkeypatch, tmp_path):
-    """A file under upstream/ that no patch lists stops the export, naming the file."""
-    assert upstream_patches.unlisted_upstream_files() == []
+def test_each_pull_request_has_its_text():
+    for pr in upstream_patches.PRS:
+        text = (SERIES.folder / f"{pr.name}.md").read_text()
+        assert text.startswith("# ") and "torchrl_fixes" not in text, pr.name
+        header = (SERIES.folder / f"{pr.name}.patch").read_text().split("\ndiff --git ", 1)[0]
+        assert header.startswith(f"Subject: [PATCH] {text.splitlines()[0][2:]}\n"), pr.name
+
+
+def test_a_missing_text_is_one_line(monkeypatch, tmp_path):
+    monkeypatch.setattr(upstream_patches, "SERIES", (SERIES._replace(folder=tmp_path),))
+    with pytest.raises(upstream_patches.ExportError, match="0001-pinned-sample-output.md is missing") as err:
+        upstream_patches._header(upstream_patches.PRS[0], upstream_patches.SERIES[0], [])
+    assert "\n" not in str(err.value)
+
+
+def test_the_series_applies_in_order(patched):
+    """Each patch applies with git apply after the ones before it, and writes every path it names."""
+    site = upstream_patches.installed_torchrl_root()
+    for name in NAMES:
+        written = [line[6:] for line in (SERIES.folder / name).read_text().splitlines() if line.startswith("+++ b/")]
+        assert written, name
+        for path in written:
+            assert (patched / path).is_file(), (name, path)
+            assert not (site / path).is_file() or (site / path).read_bytes() != (patched / path).read_bytes()
+
+
+def _unbound(text: str) -> set[str]:
+    """The global names a module's code reads that the module does not bind."""
+    top = symtable.symtable(text, "module", "exec")
+    bound = {s.get_name() for s in top.get_symbols() if s.is_assigned() or s.is_imported()}
+    found, tables = set(), [top]
+    while tables:
+        table = tables.pop()
+        tables += table.get_children()
+        found |= {s.get_name() for s in table.get_symbols() if s.is_global() and s.is_referenced()}
+    return found - bound - set(dir(builtins)) - {"__file__", "__name__", "__doc__", "__spec__"}
+
+
+def test_the_code_the_series_writes_binds_what_it_reads(patched):
+    """Every global name the code of a file the series writes reads is bound there (what a
+    runtime function put in TorchRL needs is imported), as before the series."""
+    site = upstream_patches.installed_torchrl_root()
+    paths = {line[6:] for name in NAMES for line in (SERIES.folder / name).read_text().splitlines()
+             if line.startswith("+++ b/torchrl/") and line.endswith(".py")}
+    for path in sorted(paths):
+        stock = _unbound((site / path).read_text()) if (site / path).is_file() else set()
+        assert _unbound((patched / path).read_text()) <= stock, path
+    assert _unbound("import os\n\n\ndef f():\n    return os, warnings\n") == {"warnings"}
+
+
+def test_patched_copy_refuses_an_existing_copy(patched):
+    with pytest.raises(upstream_patches.ExportError, match="already exists"):
+        upstream_patches.patched_copy(patched)
+
+
+def test_nothing_upstream_bound_names_the_runtime(rendered):
+    for name, text in rendered.items():
+        added = [line for line in text.split("\ndiff --git ", 1)[1].splitlines() if line.startswith("+")]
+        assert not [line for line in added if "torchrl_fixes" in line], name
+    with pytest.raises(upstream_patches.ExportError, match="still names torchrl_fixes") as err:
+        upstream_patches._upstream_text("x = 1\nimport torchrl_fixes  # noqa\n", "upstream/test/x.py")
+    assert "\n" not in str(err.value)
+
+
+def test_runtime_imports_become_torchrl_imports():
+    runtime = textwrap.dedent(
+        """\
+        import logging
+
+        from torchrl_fixes.fixes.slice_boundary_index.slice_boundaries import _overrides
+
+        logger = logging.getLogger("torchrl_fixes")
+
+
+        def f():
+            \"\"\"
+            >>> import torch, torchrl_fixes
+            >>> import torchrl_fixes
+            \"\"\"
+        """
+    )
+    assert upstream_patches._upstream_text(runtime, "x") == textwrap.dedent(
+        """\
+        from torchrl._utils import logger
+
+        from torchrl.data.replay_buffers.samplers._slice_boundaries import _overrides
+
+
+
+        def f():
+            \"\"\"
+            >>> import torch
+            \"\"\"
+        """
+    )
+
+
+def test_every_upstream_file_is_in_one_pull_request(monkeypatch, tmp_path):
+    files = upstream_patches.upstream_files()
+    assert set(files.values()) <= {pr.name for pr in upstream_patches.PRS}
+    for path in files:  # each added by its pull request, and by it alone
+        adding = [n for n in NAMES if f"+++ b/{path}\n" in (SERIES.folder / n).read_text()]
+        assert adding == [f"{files[path]}.patch"], path
     (tmp_path / "test" / "rb").mkdir(parents=True)
+    for path in files:
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text("")
     (tmp_path / "test" / "rb" / "test_new.py").write_text("def test_it():\n    pass\n")
     monkeypatch.setattr(upstream_patches, "UPSTREAM_DIR", tmp_path)
-    with pytest.raises(upstream_patches.ExportError, match="upstream/test/rb/test_new.py"):
-        upstream_patches.render()
+    with pytest.raises(upstream_patches.ExportError, match="upstream/test/rb/test_new.py is in no pull") as err:
+        upstream_patches.upstream_files()
+    assert "\n" not in str(err.value)
 
 
-def test_upstream_files_import_torchrl_not_the_runtime(monkeypatch, tmp_path):
-    """An upstream file's imports of the runtime's modules are TorchRL's in the patch."""
-    (tmp_path / "test").mkdir()
-    (tmp_path / "test" / "test_x.py").write_text(
-        "from torchrl_fixes.fixes.slice_boundary_index.trajectory_order import TrajectoryOrder\n"
-    )
-    monkeypatch.setattr(upstream_patches, "UPSTREAM_DIR", tmp_path)
-    assert upstream_patches.upstream_file_text("test/test_x.py") == (
-        "from torchrl.data.replay_buffers.trajectory_order import TrajectoryOrder\n"
-    )
-    (tmp_path / "test" / "test_x.py").write_text("import torchrl_fixes\n")
-    with pytest.raises(upstream_patches.ExportError, match="still names torchrl_fixes"):
-        upstream_patches.upstream_file_text("test/test_x.py")
+def test_an_edit_that_does_not_apply_is_one_line(tmp_path):
+    (tmp_path / "m.py").write_text("class A:\n    def f(self):\n        return 1\n")
+    edit = upstream_patches.Edit("m.py", "A.f", (("return 2", "return 3"),))
+    with pytest.raises(upstream_patches.ExportError, match="m.py:A.f: 'return 2' is not found once"):
+        upstream_patches._apply(tmp_path, edit, {})
+    upstream_patches._apply(tmp_path, edit._replace(edits=(("return 1", "return 3"),)), {})
+    assert (tmp_path / "m.py").read_text() == "class A:\n    def f(self):\n        return 3\n"
+
+
+def _method(path: Path, qualname: str) -> str:
+    """The method ``qualname`` of ``path``, parsed from its dedented source (docstrings compare)."""
+    (node,) = upstream_patches._nodes(path.read_text(), qualname)
+    return ast.dump(ast.parse(upstream_patches._segment(path.read_text(), node)).body[0])
+
+
+def test_edited_methods_are_the_runtime_methods(patched):
+    """Where the runtime puts a stock method's own source with edits in its place
+    (derive_from_source), the series holds the same code."""
+    from torchrl_fixes.fixes import pinned_sample_output, single_gather
+
+    with torchrl_fixes.disabled():  # planned against stock code, as when applied
+        plans = {**_plan(pinned_sample_output.PinnedSampleOutput()), **_plan(single_gather.SingleGather())}
+    rb = patched / upstream_patches.RB
+    for path, qualname in [
+        ("replay_buffers/tensordict.py", "TensorDictReplayBuffer.sample"),
+        ("samplers/slice.py", "SliceSampler._finalize_index"),
+        ("samplers/prioritized_slice.py", "PrioritizedSliceSampler.sample"),
+        ("samplers/streaming_slice.py", "StreamingSliceSampler.mark_update"),
+    ]:
+        runtime = ast.parse(textwrap.dedent(inspect.getsource(plans[qualname]))).body[0]
+        assert _method(rb / path, qualname) == ast.dump(runtime), qualname
+
+
+def _plan(fix) -> dict:
+    return {f"{r.owner.__name__}.{r.name}": r.new for r in fix.plan() if isinstance(r.owner, type)}
+
+
+def test_export_check_names_stale_patches(monkeypatch, rendered, tmp_path, capsys):
+    """``export-patches --check`` exits 1 naming each patch that differs or is no longer in the
+    series; ``export-patches`` writes the first and removes the second."""
+    from devtools.__main__ import main
+
+    monkeypatch.setattr(upstream_patches, "render", lambda: rendered)
+    assert main(["export-patches", "--check"]) == 0
+    for name in NAMES:
+        shutil.copy(SERIES.folder / name, tmp_path / name)
+    stale = tmp_path / NAMES[1]
+    stale.write_text(stale.read_text().replace("_read_entries", "_read_all", 1))
+    (tmp_path / "0009-gone.patch").write_text("")
+    capsys.readouterr()
+    assert main(["export-patches", "--check", "--patches", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert f"{NAMES[1]}: out of date" in out and "0009-gone.patch: out of date" in out
+    assert main(["export-patches", "--patches", str(tmp_path)]) == 0
+    assert stale.read_text() == (SERIES.folder / NAMES[1]).read_text()
+    assert sorted(p.name for p in tmp_path.glob("*.patch")) == NAMES
 
 
 def test_no_series_for_the_installed_torchrl_is_one_clear_error(monkeypatch):
-    """export-patches with a TorchRL no series targets: one line naming it and the series."""
+    from packaging.version import Version
+
     monkeypatch.setattr("torchrl_fixes._core.versions.installed_version", lambda name: Version("0.13.3"))
-    with pytest.raises(upstream_patches.ExportError) as excinfo:
+    with pytest.raises(upstream_patches.ExportError) as err:
         upstream_patches.installed_series()
-    message = str(excinfo.value)
-    assert "TorchRL 0.13.3" in message and "main" in message
-    assert "\n" not in message
+    assert "TorchRL 0.13.3" in str(err.value) and "main" in str(err.value) and "\n" not in str(err.value)

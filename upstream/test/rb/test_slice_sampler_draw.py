@@ -1,0 +1,114 @@
+# Copyright (c) Meta Platforms, Inc. and affiliates.
+#
+# This source code is licensed under the MIT license found in the
+# LICENSE file in the root directory of this source tree.
+"""SliceSampler draws its trajectories among those of the storage's index.
+
+The sample must be exactly (index, info and data) the sample of a sampler forced
+down the whole-storage recovery, with the same generator state, and it must not
+list every trajectory of the storage (``_get_stop_and_length``) to draw a few.
+"""
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import torch
+from tensordict import TensorDict
+from torchrl.data import LazyTensorStorage, ReplayBuffer
+from torchrl.data.replay_buffers.samplers import SliceSampler
+
+# short batches are what strict_length=False gives
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:SliceSampler returned a short flat batch:UserWarning"
+)
+
+
+class _StockSliceSampler(SliceSampler):
+    """Recovers the boundaries from the whole storage, as main does (overriding how
+    they are found keeps it off the index), and counts it."""
+
+    recoveries = 0
+
+    def _find_start_stop_traj(self, *args, **kwargs):
+        self.recoveries += 1
+        return super()._find_start_stop_traj(*args, **kwargs)
+
+
+def _steps(start, rows, lanes=None):
+    """``rows`` steps from ``start`` on, in episodes of 1 to 12 steps."""
+    generator = torch.Generator().manual_seed(start)
+    shape = (rows,) if lanes is None else (rows, lanes)
+    done = torch.rand(shape, generator=generator) < 0.15
+    episode = done.long().cumsum(0) - done.long() + 1_000 * start
+    if lanes is not None:
+        episode = episode * lanes + torch.arange(lanes)
+    return TensorDict(
+        {
+            "obs": torch.randn(shape),
+            "episode": episode,
+            ("next", "done"): done[..., None],
+        },
+        shape,
+    )
+
+
+def _tensors(sample):
+    """Every tensor of ``(data, info)`` with where it is: the data's entries, then the info's."""
+    data, info = sample
+    found = [(key, data.get(key)) for key in sorted(data.keys(True, True), key=str)]
+    for key, value in sorted(info.items(), key=str):
+        values = value if isinstance(value, tuple) else (value,)
+        found += [((key, i), v) for i, v in enumerate(values)]
+    return found
+
+
+def _assert_same_sample(got, expected, where):
+    got, expected = _tensors(got), _tensors(expected)
+    assert [(k, t.dtype) for k, t in got] == [(k, t.dtype) for k, t in expected], where
+    assert all(torch.equal(g, e) for (_, g), (_, e) in zip(got, expected)), where
+
+
+_SAMPLERS = {
+    "slice_len": {"slice_len": 4, "end_key": ("next", "done")},
+    "num_slices, ids": {"num_slices": 6, "traj_key": "episode"},
+    "too short, strict": {"slice_len": 8, "end_key": ("next", "done")},
+    "too short, not strict": {"slice_len": 8, "strict_length": False},
+    "span": {"slice_len": 4, "span": True, "traj_key": "episode"},
+}
+
+
+class TestSliceSamplerDraw:
+    @pytest.mark.parametrize("kwargs", list(_SAMPLERS.values()), ids=list(_SAMPLERS))
+    @pytest.mark.parametrize("lanes", [None, 3])
+    def test_draws_without_listing_the_trajectories(self, kwargs, lanes, monkeypatch):
+        storage = LazyTensorStorage(600 * (lanes or 1), ndim=2 if lanes else 1)
+        rb, stock = (
+            ReplayBuffer(
+                storage=storage, sampler=cls(**kwargs), batch_size=24, dim_extend=0
+            )
+            for cls in (SliceSampler, _StockSliceSampler)
+        )
+        rb.extend(_steps(0, 150, lanes))
+        rb.sample()  # the storage's index is made at the first sample
+        listed = []
+        get_stop_and_length = SliceSampler._get_stop_and_length
+
+        def counted(sampler, *args, **kwargs):
+            listed.append(type(sampler))
+            return get_stop_and_length(sampler, *args, **kwargs)
+
+        monkeypatch.setattr(SliceSampler, "_get_stop_and_length", counted)
+        for seed, start in enumerate(range(150, 1_000, 85)):  # fills, then wraps
+            rb.extend(_steps(start, 85, lanes))
+            torch.manual_seed(seed)
+            got = rb.sample(return_info=True)
+            torch.manual_seed(seed)
+            _assert_same_sample(got, stock.sample(return_info=True), f"sample {seed}")
+        assert SliceSampler not in listed
+        assert stock.sampler.recoveries >= len(listed)
+
+
+if __name__ == "__main__":
+    args, unknown = argparse.ArgumentParser().parse_known_args()
+    pytest.main([__file__, "--capture", "no", "--exitfirst"] + unknown)

@@ -1,0 +1,431 @@
+# Copyright (c) Meta Platforms, Inc. and affiliates.
+#
+# This source code is licensed under the MIT license found in the
+# LICENSE file in the root directory of this source tree.
+"""Slice samplers read their trajectories from the storage's trajectory index.
+
+A slice sample must be exactly (index, info and data) the sample a sampler
+forced down the whole-storage recovery draws from the same storage with the same
+generator state, whatever wrote the storage; and a write of ``k`` rows must cost
+the next sample ``O(k)`` reads, not a read of the whole storage.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import pickle
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from tensordict import is_tensor_collection, TensorDict
+from torchrl.data import LazyMemmapStorage, LazyTensorStorage, ReplayBuffer
+from torchrl.data.replay_buffers.samplers import (
+    SliceSampler,
+    SliceSamplerWithoutReplacement,
+)
+
+# short batches are what strict_length=False and sampling without replacement give
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:SliceSampler returned a short flat batch:UserWarning"
+)
+
+DONE = ("next", "done")
+_KEYS = {
+    "end_key": {"end_key": DONE},
+    "traj_key": {"traj_key": "episode"},
+    "end_keys": {"end_keys": [("next", "terminated"), ("next", "truncated")]},
+    "no key": {},
+}
+
+
+class _WholeStorageRecovery:
+    """Recovers the boundaries from the whole storage, as main does, and counts it.
+
+    Overriding how the boundaries are found keeps a sampler off the index.
+    """
+
+    recoveries = 0
+
+    def _find_start_stop_traj(self, *args, **kwargs):
+        self.recoveries += 1
+        return super()._find_start_stop_traj(*args, **kwargs)
+
+    def _end_to_start_stop(self, end, length):
+        self.recoveries += 1
+        return super()._end_to_start_stop(end, length)
+
+
+class _StockSliceSampler(_WholeStorageRecovery, SliceSampler):
+    pass
+
+
+class _StockSliceSamplerWithoutReplacement(
+    _WholeStorageRecovery, SliceSamplerWithoutReplacement
+):
+    pass
+
+
+_STOCK = {
+    SliceSampler: _StockSliceSampler,
+    SliceSamplerWithoutReplacement: _StockSliceSamplerWithoutReplacement,
+}
+
+
+def _stream(steps, lanes=None, seed=0):
+    """``steps`` steps of episodes of random lengths; ids and done flags end them together."""
+    generator = torch.Generator().manual_seed(seed)
+    shape = (steps,) if lanes is None else (steps, lanes)
+    done = torch.rand(shape, generator=generator) < 0.25
+    terminated = done & (torch.rand(shape, generator=generator) < 0.5)
+    episode = done.long().cumsum(0) - done.long()
+    obs = torch.arange(done.numel()).view(shape)
+    if lanes is not None:
+        episode = episode * lanes + torch.arange(lanes)
+    return TensorDict(
+        {
+            "obs": obs,
+            "episode": episode + 10_000 * seed,
+            ("next", "done"): done.unsqueeze(-1),
+            ("next", "terminated"): terminated.unsqueeze(-1),
+            ("next", "truncated"): (done & ~terminated).unsqueeze(-1),
+        },
+        shape,
+    )
+
+
+_STEPS = _stream(2_000)
+
+
+def _buffers(storage, sampler_cls=SliceSampler, batch_size=24, **kwargs):
+    """A buffer whose sampler reads the index, and one forced down the stock recovery,
+    on the same storage."""
+    return [
+        ReplayBuffer(
+            storage=storage, sampler=cls(**kwargs), batch_size=batch_size, dim_extend=0
+        )
+        for cls in (sampler_cls, _STOCK[sampler_cls])
+    ]
+
+
+def _assert_equal(got, expected, where="sample"):
+    if isinstance(expected, torch.Tensor):
+        assert got.dtype == expected.dtype and torch.equal(got, expected), where
+    elif is_tensor_collection(expected):
+        assert set(got.keys(True, True)) == set(expected.keys(True, True)), where
+        for key in expected.keys(True, True):
+            _assert_equal(got.get(key), expected.get(key), f"{where}[{key}]")
+    elif isinstance(expected, dict):
+        assert set(got) == set(expected), where
+        for key in expected:
+            _assert_equal(got[key], expected[key], f"{where}[{key}]")
+    elif isinstance(expected, (tuple, list)):
+        assert len(got) == len(expected), where
+        for i, (g, e) in enumerate(zip(got, expected)):
+            _assert_equal(g, e, f"{where}[{i}]")
+    else:
+        assert got == expected, where
+
+
+def _assert_samples_like_stock(rb, stock, seed=0, samples=2):
+    for offset in range(samples):
+        torch.manual_seed(seed + offset)
+        got = rb.sample(return_info=True)
+        torch.manual_seed(seed + offset)
+        _assert_equal(got, stock.sample(return_info=True))
+    assert stock.sampler.recoveries, "the reference did not recover the boundaries"
+
+
+def _in_place(write):
+    """A write through views of the storage's boundary columns."""
+
+    def apply(rb):
+        data = rb.storage[:]
+        for key in ("episode", DONE, ("next", "terminated"), ("next", "truncated")):
+            write(data.get(key))
+
+    return apply
+
+
+def _load_state_dict(rb):
+    source = LazyTensorStorage(rb.storage.max_size)
+    source.set(torch.arange(50), _stream(50, seed=1))
+    rb.storage.load_state_dict(source.state_dict())
+
+
+def _refill(rb):
+    rb.empty()
+    rb.extend(_STEPS[600:630])
+
+
+def _replace_columns(rb):
+    data = rb.storage._storage
+    for key in ("episode", DONE, ("next", "terminated")):
+        data.set(key, data.get(key).roll(3, 0), inplace=False)
+
+
+def _failed_write(rb):
+    """A write that raises once it has moved the storage's cursor."""
+    with pytest.raises(RuntimeError):
+        rb.storage.set(torch.tensor([30, 31]), _STEPS[:3])
+
+
+_WRITES = {
+    "extend": lambda rb: rb.extend(_STEPS[300:307]),
+    "add": lambda rb: rb.add(_STEPS[310]),
+    "rb[index] = data": lambda rb: rb.__setitem__(
+        torch.tensor([3, 4, 5]), _STEPS[20:23]
+    ),
+    "storage.set": lambda rb: rb.storage.set(slice(10, 14), _STEPS[40:44]),
+    "storage[index] = data": lambda rb: rb.storage.__setitem__([20, 22], _STEPS[50:52]),
+    "view setitem": _in_place(lambda column: column.__setitem__(slice(2, 10), 999)),
+    "copy_": _in_place(
+        lambda column: column[2:10].copy_(torch.full_like(column[2:10], 999))
+    ),
+    "zero_": _in_place(lambda column: column[2:10].zero_()),
+    "index_put_": _in_place(
+        lambda column: column.index_put_((torch.arange(2, 10),), column.new_tensor(999))
+    ),
+    "out=": _in_place(lambda column: torch.logical_not(column[2:10], out=column[2:10])),
+    "load_state_dict": _load_state_dict,
+    "empty and refill": _refill,
+    "replaced column": _replace_columns,
+    "failed write": _failed_write,
+}
+
+_SAMPLERS = {
+    "slice_len": (SliceSampler, {"slice_len": 4, "traj_key": "episode"}),
+    "num_slices": (SliceSampler, {"num_slices": 4, "end_key": DONE}),
+    "cache_values": (SliceSampler, {"slice_len": 4, "cache_values": True}),
+    "not strict": (SliceSampler, {"slice_len": 4, "strict_length": False}),
+    "padded": (
+        SliceSampler,
+        {"slice_len": 4, "strict_length": False, "pad_output": True},
+    ),
+    "span": (
+        SliceSampler,
+        {"slice_len": 4, "span": (True, False), "traj_key": "episode"},
+    ),
+    "span, not strict": (
+        SliceSampler,
+        {"num_slices": 4, "span": True, "strict_length": False},
+    ),
+    "without replacement": (
+        SliceSamplerWithoutReplacement,
+        {"slice_len": 4, "strict_length": False, "traj_key": "episode"},
+    ),
+    "without replacement, end_keys": (
+        SliceSamplerWithoutReplacement,
+        {"num_slices": 4, "strict_length": False, **_KEYS["end_keys"]},
+    ),
+}
+
+
+class TestSliceSamplerIndex:
+    @pytest.mark.parametrize("write", list(_WRITES))
+    @pytest.mark.parametrize("keys", list(_KEYS))
+    @pytest.mark.parametrize("full", [False, True], ids=["growing", "full"])
+    def test_sample_after_each_write(self, write, keys, full):
+        rb, stock = _buffers(LazyTensorStorage(100), slice_len=3, **_KEYS[keys])
+        rb.extend(_STEPS[: 130 if full else 60])
+        _assert_samples_like_stock(rb, stock)
+        _WRITES[write](rb)
+        _assert_samples_like_stock(rb, stock, seed=10)
+
+    @pytest.mark.parametrize("sampler", list(_SAMPLERS))
+    @pytest.mark.parametrize("storage", ["tensor", "memmap", "ndim=2"])
+    def test_online_loop(self, sampler, storage, tmp_path):
+        """Write, sample, write, sample: the buffer fills, then wraps around."""
+        lanes = 3 if storage == "ndim=2" else None
+        steps = _stream(150, lanes)
+        if storage == "memmap":
+            storage = LazyMemmapStorage(60, scratch_dir=tmp_path)
+        else:
+            storage = LazyTensorStorage(60 * (lanes or 1), ndim=2 if lanes else 1)
+        sampler_cls, kwargs = _SAMPLERS[sampler]
+        rb, stock = _buffers(storage, sampler_cls, **kwargs)
+        for step in range(0, 150, 11):
+            rb.extend(steps[step : step + 11])
+            if len(rb) > 1:
+                _assert_samples_like_stock(rb, stock, seed=step)
+
+    def test_a_write_reads_only_its_rows(self):
+        """After the first sample, a write of ``k`` rows makes the next sample read the
+        boundary column of those rows alone (and the rows around them)."""
+        rb, stock = _buffers(LazyTensorStorage(20_000), slice_len=4, end_key=DONE)
+        rb.extend(_stream(10_000))
+        _assert_samples_like_stock(rb, stock)
+        index = getattr(rb.storage, "_trajectory_index", None)
+        assert index is not None, "no trajectory index kept on the storage"
+        reader = index._readers[DONE]
+        for rows, write in (
+            (range(10_000, 10_010), rb.extend),
+            (
+                range(5_000, 5_010),
+                lambda data: rb.storage.__setitem__(slice(5_000, 5_010), data),
+            ),
+        ):
+            read = index._readers[DONE] = _RowsRead(reader)
+            write(_stream(10, seed=3))
+            _assert_samples_like_stock(rb, stock, seed=1)
+            assert index._readers[DONE] is read, "the index was rebuilt"
+            # the rows written, and at most the row before them
+            assert set(rows) <= set(read.rows) <= set(range(rows[0] - 1, rows[-1] + 1))
+            assert len(read.rows) <= 11, f"{len(read.rows)} rows read"
+
+    def test_no_key_reads_done_flags_while_they_agree_with_the_ids(self):
+        """With no key named, the ids decide; the done flags, 8 times smaller, are read
+        instead while they end the same trajectories, and no longer once two
+        collectors write interleaved rows."""
+        rb, stock = _buffers(LazyTensorStorage(200), slice_len=4)
+        for start in range(0, 150, 10):
+            rb.extend(_STEPS[start : start + 10])
+            _assert_samples_like_stock(rb, stock, seed=start)
+        signal = getattr(
+            getattr(rb.storage, "_trajectory_index", None), "last_signal", None
+        )
+        assert signal is not None and (signal.kind, signal.keys) == ("end", (DONE,))
+        collectors = [_stream(40, seed=seed) for seed in (1, 2)]
+        for start in range(0, 40, 5):
+            rb.extend(
+                torch.cat([collector[start : start + 5] for collector in collectors])
+            )
+            _assert_samples_like_stock(rb, stock, seed=start)
+        signal = rb.storage._trajectory_index.last_signal
+        assert (signal.kind, signal.keys) == ("trajectory", ("episode",))
+
+    def test_prefetch(self):
+        """Samples prefetched in threads, writes in between: each slice holds one
+        episode's consecutive steps, and the index is exact once they are done."""
+        storage = LazyTensorStorage(200)
+        rb = ReplayBuffer(
+            storage=storage,
+            sampler=SliceSampler(slice_len=4, traj_key="episode"),
+            batch_size=32,
+            prefetch=2,
+        )
+        for start in range(0, 400, 17):
+            rb.extend(_STEPS[start : start + 17])
+            sample = rb.sample().view(-1, 4)
+            assert (sample["episode"] == sample["episode"][:, :1]).all()
+            assert (sample["obs"].diff() == 1).all()
+        rb.shutdown()
+        for seed in range(3):
+            samples = []
+            for sampler in (
+                rb.sampler,
+                _StockSliceSampler(slice_len=4, traj_key="episode"),
+            ):
+                torch.manual_seed(seed)
+                samples.append(sampler.sample(storage, 32))
+            _assert_equal(*samples)
+
+    @pytest.mark.parametrize("copier", ["deepcopy", "pickle"])
+    def test_copied_buffer(self, copier):
+        """A copy of the buffer samples as stock does, and leaves the source's index alone."""
+        rb, stock = _buffers(LazyTensorStorage(100), slice_len=3, traj_key="episode")
+        rb.extend(_STEPS[:130])
+        _assert_samples_like_stock(rb, stock)
+        index = vars(rb.storage).get("_trajectory_index")
+        if copier == "deepcopy":
+            copied = copy.deepcopy(rb)
+        else:
+            copied = pickle.loads(pickle.dumps(rb))
+        assert vars(copied.storage).get("_trajectory_index") is None
+        assert vars(rb.storage).get("_trajectory_index") is index
+        copied.extend(_STEPS[200:205])
+        _assert_samples_like_stock(rb, stock, seed=5)
+        rb.extend(_STEPS[300:307])
+        _assert_samples_like_stock(rb, stock, seed=5)
+        copied_stock = _buffers(copied.storage, slice_len=3, traj_key="episode")[1]
+        _assert_samples_like_stock(copied, copied_stock, seed=5)
+
+    def test_dumps_loads(self, tmp_path):
+        """Loading a dump into the buffer rewrites its storage; a new buffer reads it too."""
+        rb, stock = _buffers(LazyTensorStorage(100), slice_len=3, end_key=DONE)
+        rb.extend(_STEPS[:130])
+        _assert_samples_like_stock(rb, stock)
+        rb.dumps(tmp_path)
+        rb.extend(_STEPS[130:137])
+        _assert_samples_like_stock(rb, stock, seed=5)
+        rb.loads(tmp_path)
+        _assert_samples_like_stock(rb, stock, seed=10)
+        loaded, loaded_stock = _buffers(
+            LazyTensorStorage(100), slice_len=3, end_key=DONE
+        )
+        loaded.loads(tmp_path)
+        _assert_samples_like_stock(loaded, loaded_stock, seed=10)
+
+    def test_inference_mode_storage(self):
+        """Tensors made in inference mode have no version counter: stock recovers them."""
+        with torch.inference_mode():
+            rb, stock = _buffers(LazyTensorStorage(100), slice_len=3, end_key=DONE)
+            rb.extend(_STEPS[:130])
+        _assert_samples_like_stock(rb, stock)
+        with torch.inference_mode():
+            rb.extend(_STEPS[130:137])
+        _assert_samples_like_stock(rb, stock, seed=5)
+
+    def test_shared_storage_written_by_another_process(self):
+        """The buffer is handed to a spawned process, which writes; then this one does."""
+        rb, stock = _buffers(LazyTensorStorage(100), slice_len=3, traj_key="episode")
+        rb.share()
+        rb.extend(_STEPS[:60])
+        _assert_samples_like_stock(rb, stock)
+        process = mp.get_context("spawn").Process(
+            target=_extend, args=(rb, _STEPS[60:67])
+        )
+        process.start()
+        process.join()
+        assert process.exitcode == 0
+        assert rb.storage[:]["obs"][60:67].tolist() == list(range(60, 67))
+        _assert_samples_like_stock(rb, stock, seed=5)
+        rb.extend(_STEPS[67:72])
+        _assert_samples_like_stock(rb, stock, seed=10)
+
+    def test_shared_memory_storage_written_after_the_first_sample(self):
+        """Moving the storage to shared memory (as handing the buffer to a spawned
+        process does) after the first sample: the next writes are read where they are."""
+        rb, stock = _buffers(LazyTensorStorage(100), slice_len=3, end_key=DONE)
+        rb.extend(_STEPS[:60])
+        _assert_samples_like_stock(rb, stock)
+        rb.storage._storage.share_memory_()
+        rb.extend(_STEPS[60:67])
+        _assert_samples_like_stock(rb, stock, seed=5)
+
+    @pytest.mark.gpu
+    @pytest.mark.skipif(not torch.cuda.is_available(), reason="no cuda device")
+    @pytest.mark.parametrize("keys", ["end_key", "traj_key"])
+    def test_cuda_storage(self, keys):
+        storage = LazyTensorStorage(100, device="cuda")
+        rb, stock = _buffers(storage, slice_len=3, **_KEYS[keys])
+        rb.extend(_STEPS[:60])
+        _assert_samples_like_stock(rb, stock)
+        rb.extend(_STEPS[60:130])
+        _assert_samples_like_stock(rb, stock, seed=5)
+        rb.extend(_STEPS[130:135])
+        _assert_samples_like_stock(rb, stock, seed=10)
+
+
+class _RowsRead:
+    """A column's reader that records the rows read through it."""
+
+    def __init__(self, reader):
+        self.reader, self.rows = reader, []
+
+    @property
+    def shape(self):
+        return self.reader.shape
+
+    def __getitem__(self, rows):
+        self.rows += range(*rows.indices(self.reader.shape[0]))
+        return torch.as_tensor(self.reader[rows])
+
+
+def _extend(rb, data):
+    rb.extend(data)
+
+
+if __name__ == "__main__":
+    args, unknown = argparse.ArgumentParser().parse_known_args()
+    pytest.main([__file__, "--capture", "no", "--exitfirst"] + unknown)

@@ -13,12 +13,20 @@ repository, beside the conformance suite (``conformance/``) and the upstream dif
 - ``compare`` (:mod:`devtools.pinned_sample_report`): what stock and patched
   ``pin_memory=True`` buffers return, side by side;
 - ``export-patches`` and ``patched-copy`` (:mod:`devtools.upstream_patches`): the
-  upstream diffs written from the runtime fixes, and a copy of the installed TorchRL
-  with them applied;
+  upstream series, ``patches/main/``, rendered from the runtime fixes, ``upstream/``
+  and each pull request's text (``patches/main/NNNN-name.md``) onto a copy of the
+  installed TorchRL (``--check`` lists the patches that are out of date); and a copy of
+  the installed TorchRL with the series applied, whose command prints the untouched
+  install's path;
 - ``upstream-review`` (:mod:`devtools.upstream_review`): the ``patches/main/``
   series reviewed one pull request at a time as TorchRL's CI would, with upstream's
   pinned hooks (:mod:`devtools.review_hooks`) and each PR's tests before and after
   it (:mod:`devtools.review_pytest`);
+- ``tree-speed`` (:mod:`devtools.tree_speed`): this checkout's slice sample against
+  another checkout's, each as a ratio to a ``RandomSampler`` floor timed in the same
+  process, processes alternating between the two trees;
+- ``index-structures`` (:mod:`devtools.index_structures`): the trajectory index's
+  sorted key store against a flat sorted array and a blocked one, on the same calls;
 - :mod:`devtools.torchrl_suite`, a pytest plugin (``-p devtools.torchrl_suite``) that
   applies the fixes before TorchRL's own test suite imports TorchRL, and
   :mod:`devtools.compare_junit`, which lists the tests that pass on stock and not with

@@ -1,4 +1,4 @@
-"""``python -m devtools {bench,tdmpc2,compare,export-patches,patched-copy,upstream-review}``, from the repository root.
+"""``python -m devtools {bench,tdmpc2,compare,export-patches,patched-copy,upstream-review,tree-speed,index-structures}``, from the repository root.
 
 Each command has its own options (``python -m devtools bench --help``); see
 :mod:`devtools` for what each does.
@@ -6,10 +6,16 @@ Each command has its own options (``python -m devtools bench --help``); see
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from pathlib import Path
 
 PROG = "python -m devtools"
+# Commands whose module parses its own arguments: their help is theirs.
+DELEGATED = {
+    "tree-speed": ("devtools.tree_speed", "this tree's slice sample against another checkout's, as ratios to a floor"),
+    "index-structures": ("devtools.index_structures", "the trajectory index's key store against a flat and a blocked one"),
+}
 
 
 def _positive_int(text: str) -> int:
@@ -105,13 +111,15 @@ def parser() -> argparse.ArgumentParser:
     export = commands.add_parser(
         "export-patches",
         help="write the upstream series, patches/main/, from the runtime fixes",
-        description="Writes patches/main/ from the runtime fixes, upstream/ and the installed "
-        "TorchRL, untouched: the pinned torchrl-nightly build of TorchRL main.",
+        description="Copies the installed TorchRL (untouched: the pinned torchrl-nightly build of "
+        "TorchRL main) into a temporary tree, makes each pull request there from the runtime "
+        "fixes and upstream/, and writes its git diff under its text (patches/main/NNNN-name.md) "
+        "as patches/main/NNNN-name.patch; numbered patches no longer in the series are removed.",
     )
     export.add_argument(
         "--check",
         action="store_true",
-        help="write nothing; exit 1 if a patch in the folder is not what the fixes write",
+        help="write nothing; exit 1 listing each patch in the folder that is not what it writes",
     )
     export.add_argument("--patches", type=Path, default=None, help="the patches folder (default: patches/main/)")
 
@@ -150,10 +158,15 @@ def parser() -> argparse.ArgumentParser:
         "that import a module it touches (or that module's package)",
     )
     review.add_argument("--keep", action="store_true", help="keep the tree and print its path")
+    for name, (_, summary) in DELEGATED.items():
+        commands.add_parser(name, help=f"{summary} (its own --help)")
     return top
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in DELEGATED:
+        return importlib.import_module(DELEGATED[argv[0]][0]).main(argv[1:])
     args = parser().parse_args(argv)
     command = f"{PROG} {args.command}"
 
@@ -174,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{folder / name}: out of date (run {PROG} export-patches)")
             return 1 if changed else 0
         for name in changed:
-            print(f"wrote {folder / name}")
+            print(f"{'wrote' if (folder / name).exists() else 'removed'} {folder / name}")
         if not changed:
             print(f"{folder}: every patch is up to date")
         return 0

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import warnings
 
 import pytest
 import torch
@@ -257,3 +258,48 @@ def tdmpc2_buffer_scenario(capacity: int, num_slices: int, horizon: int, episode
 def test_cuda_tdmpc2_buffer_is_served_as_stock():
     """TD-MPC2's buffer layout on the GPU, wrapping its ring: samples identical to stock's."""
     assert_served_as_stock(tdmpc2_buffer_scenario(400, 8, 5, 40), seed=0)
+
+
+def synchronizing_calls_of_writes():
+    """The host synchronisations that writes to a CUDA storage the index follows make.
+
+    A sample builds the storage's index; then ``rb.extend`` (a cursor on the host)
+    and ``storage.set`` with a cursor on the device, each counted under
+    ``torch.cuda.set_sync_debug_mode("warn")``.
+    """
+    from torchrl.data import LazyTensorStorage, ReplayBuffer, SliceSampler
+
+    def rows(first: int, count: int) -> TensorDict:
+        step = torch.arange(first, first + count)
+        done = ((step + 1) % 10 == 0).unsqueeze(-1)
+        return TensorDict({"obs": step.float(), ("next", "done"): done}, [count]).cuda()
+
+    storage = LazyTensorStorage(1_000, device="cuda")
+    sampler = SliceSampler(num_slices=4, end_key=("next", "done"), truncated_key=None)
+    rb = ReplayBuffer(storage=storage, sampler=sampler, batch_size=32)
+    rb.extend(rows(0, 500))
+    rb.sample()
+    counts = []
+    writes = (
+        lambda: rb.extend(rows(500, 100)),
+        lambda: storage.set(torch.arange(600, 700, device="cuda"), rows(600, 100)),
+    )
+    for write in writes:
+        torch.cuda.synchronize()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                write()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        counts.append(sum("synchroniz" in str(w.message) for w in caught))
+    return counts
+
+
+@pytest.mark.cuda
+def test_a_write_to_a_cuda_storage_adds_no_synchronisation():
+    """Writes to a CUDA storage whose index a sample made wait on the device as stock's do."""
+    run_stock(synchronizing_calls_of_writes)  # the process's first writes wait for more
+    stock = run_stock(synchronizing_calls_of_writes)
+    assert run_patched(synchronizing_calls_of_writes) == stock

@@ -10,7 +10,7 @@ step.
 With this fix a :class:`~torchrl.data.replay_buffers.TensorStorage` keeps a
 trajectory index from the first slice sample on
 (:mod:`~.storage_index`, over :mod:`~.trajectory_index`): ``TensorStorage.set``
-records the rows of each write, and the next sample reads the boundary signal of
+records the cursor of each write, and the next sample reads the boundary signal of
 those rows only. ``SliceSampler.sample`` draws its trajectories from the index with
 stock's own draw and hands them to the sampler's code (:mod:`~.slice_sampling`):
 ``O(batch)`` per sample plus ``O(k)`` per ``k`` rows written.

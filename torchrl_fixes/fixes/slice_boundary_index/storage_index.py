@@ -4,8 +4,8 @@ A :class:`~torchrl.data.replay_buffers.TensorStorage` that a slice sampler read
 keeps a :class:`StorageTrajectoryIndex` as ``storage._trajectory_index``: one
 :class:`~.trajectory_index.TrajectoryIndex` per boundary signal, the storage's
 mutation revision, and the identity, memory and version counter of each column
-read. ``TensorStorage.set`` records the rows of each write; the next query reads
-those rows alone, or rebuilds if anything else moved. Writes torch does not count
+read. ``TensorStorage.set`` records each write's cursor; the next query reads those
+rows alone, or rebuilds if anything else moved. Writes torch does not count
 (through ``.data`` or numpy, or by a process that does not go through TorchRL) are
 not seen. The index is never pickled or copied with its storage.
 """
@@ -131,22 +131,28 @@ def _merged(runs: list) -> list:
     return merged
 
 
-def _written_runs_of(cursor, capacity: int) -> list | None:
-    """``(first, last)`` runs covering the rows ``storage.set(cursor, ...)`` wrote (None where unknown)."""
+def _written_rows(cursor, capacity: int) -> np.ndarray | None:
+    """The rows ``storage.set(cursor, ...)`` wrote (None where unknown)."""
+    if isinstance(cursor, slice):
+        return np.arange(*cursor.indices(capacity))
     if isinstance(cursor, tuple):
         return None  # an index along several dims
-    if isinstance(cursor, slice):
-        rows = np.arange(*cursor.indices(capacity))
-    else:
-        rows = np.asarray(cursor.cpu() if isinstance(cursor, torch.Tensor) else cursor)
-        if rows.dtype == np.bool_ and rows.ndim == 1:
-            rows = np.flatnonzero(rows)
-        elif rows.dtype.kind not in "iu":
-            return None
-    rows = rows.reshape(-1) % capacity
+    if isinstance(cursor, torch.Tensor):
+        cursor = cursor.cpu()
+    cursor = np.asarray(cursor)
+    if cursor.dtype == np.bool_ and cursor.ndim == 1:
+        return np.flatnonzero(cursor)
+    return cursor.reshape(-1) if cursor.dtype.kind in "iu" else None
+
+
+def _runs_of(rows: np.ndarray, capacity: int, length: int) -> list:
+    """``(first, last)`` runs covering ``rows`` (modulo ``capacity``) below ``length``."""
     if not rows.size:
         return []
     lo, hi = int(rows.min()), int(rows.max())
+    if lo < 0 or hi >= length:
+        rows = rows % capacity
+        return _runs_of(rows[rows < length], capacity, length)
     if hi - lo < 2 * rows.size:  # dense, as a write's rows are: read as one run
         return [(lo, hi)]
     rows = np.unique(rows)
@@ -225,8 +231,7 @@ class StorageTrajectoryIndex:
         # key -> (weak reference, version, memory) of each column read
         self._columns = {}
         self._readers = {}  # key -> what its rows are read from (_reader)
-        # the runs of rows of each write since (its cursor, where on an accelerator)
-        self._written = []
+        self._written = []  # the cursor of each write since
         self._stale = self._writing = False
         self._indexes = {}  # BoundarySignal -> (TrajectoryIndex, the columns' device)
         # id key -> keys of the rows where the ids and the done flags end differently
@@ -251,26 +256,22 @@ class StorageTrajectoryIndex:
         self._writing = False
         if (
             self._stale
-            or self._state is None
             or storage._mutation_revision != self._revision + 1
             or versions != tuple(v for _, v, _ in self._columns.values())
             or len(self._written) >= _MAX_WRITES
         ):
             self._stale = True  # a change it did not record came first
             return
-        if isinstance(cursor, torch.Tensor) and cursor.device.type != "cpu":
-            written = cursor.detach().clone()  # read at the next query: no wait here
-        else:  # read now, while the write's rows are fresh
-            written = _written_runs_of(cursor, self._state[0])
-            if written is None:
-                self._stale = True
-                return
         self._revision += 1
         self._columns = {
             key: (ref, ref()._version if ref() is not None else -1, memory)
             for key, (ref, _, memory) in self._columns.items()
         }
-        self._written.append(written)
+        if isinstance(cursor, torch.Tensor):
+            cursor = cursor.detach().clone()  # read at the next query: no wait here
+        elif isinstance(cursor, (list, np.ndarray)):
+            cursor = cursor.copy()
+        self._written.append(cursor)
 
     def index(self, storage, signal: BoundarySignal, may_read_end_flags=False):
         """The index of ``signal``, brought to the storage, and its columns' device.
@@ -398,12 +399,11 @@ class StorageTrajectoryIndex:
             return None
         capacity, length, old_length = state[0], state[2], previous[2]
         runs = [(old_length, length - 1)] if length > old_length else []
-        for write in written:
-            if isinstance(write, torch.Tensor):
-                write = _written_runs_of(write, capacity)
-                if write is None:
-                    return None
-            runs += [(a, min(b, length - 1)) for a, b in write if a < length]
+        for cursor in written:
+            rows = _written_rows(cursor, capacity)
+            if rows is None:
+                return None
+            runs += _runs_of(rows, capacity, length)
         # the row before each run too: ids compare it with the next, and for flags
         # it spares the index a change where its last stop was the state's
         runs += [(length - 1, length - 1) for first, _ in runs if first == 0]

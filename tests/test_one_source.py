@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import ast
+import json
 import re
 import subprocess
 import sys
@@ -90,6 +91,15 @@ def test_no_runtime_module_imports_the_suite_or_the_tooling():
                 assert name.split(".")[0] not in ("conformance", "devtools", "tests"), (path, name)
 
 
+def _last_line_printed(code: str) -> str:
+    """The last line ``code`` prints in a fresh interpreter, which must exit cleanly."""
+    run = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr
+    return run.stdout.splitlines()[-1]
+
+
 def test_every_runtime_module_imports_without_the_suite():
     """In a fresh interpreter where ``conformance``, ``devtools`` and ``tests`` cannot import."""
     code = (
@@ -100,11 +110,31 @@ def test_every_runtime_module_imports_without_the_suite():
         "for name in names: importlib.import_module(name)\n"
         "print(len(names))\n"
     )
-    run = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300
+    assert int(_last_line_printed(code)) >= 10
+
+
+def test_a_torchrl_without_tensor_storage_skips_the_fixes_that_read_it():
+    """``TensorStorage`` gone from ``torchrl.data.replay_buffers.storages`` (a layout the
+    fixes do not know): ``import torchrl_fixes`` works, and each fix that imports it is
+    skipped with one warning that says why; the pinning fix, which does not, applies."""
+    code = (
+        "import json, warnings\n"
+        "import torchrl.data.replay_buffers.storages as storages\n"
+        "del storages.TensorStorage\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    import torchrl_fixes\n"
+        "print(json.dumps({\n"
+        "    'applied': [r.name for r in torchrl_fixes.status() if r.state == 'applied'],\n"
+        "    'warnings': [str(w.message) for w in caught],\n"
+        "}))\n"
     )
-    assert run.returncode == 0, run.stderr
-    assert int(run.stdout.split()[-1]) >= 10
+    found = json.loads(_last_line_printed(code))
+    assert found["applied"] == ["pinned_sample_output"]
+    for name in ("slice_boundary_index", "single_gather"):
+        about = [w for w in found["warnings"] if f"{name} skipped" in w]
+        assert len(about) == 1, found["warnings"]
+        assert "cannot import" in about[0] and "TensorStorage" in about[0], about[0]
 
 
 def test_readme_targets_table_is_the_declarations():

@@ -39,12 +39,6 @@ from torchrl_fixes._core.errors import TargetChanged
 from torchrl_fixes._core.patching import defining_class, Replacement, wrap
 from torchrl_fixes._core.registry import Fix, Target
 from torchrl_fixes.fixes.slice_boundary_index import mutation_revision
-from torchrl_fixes.fixes.slice_boundary_index.slice_boundaries import (
-    _boundary_signal,
-    _fallback_reason,
-    _stop_and_length_from_index,
-)
-from torchrl_fixes.fixes.slice_boundary_index.slice_sampling import _sample_from_index
 from torchrl_fixes.fixes.slice_boundary_index.storage_index import (
     _version,
     storage_state,
@@ -55,6 +49,16 @@ try:
     from torchrl.data.replay_buffers import storages
     from torchrl.data.replay_buffers.samplers import SliceSampler
     from torchrl.data.replay_buffers.storages import Storage, TensorStorage
+
+    # these import TorchRL's storages too
+    from torchrl_fixes.fixes.slice_boundary_index.slice_boundaries import (
+        _boundary_signal,
+        _fallback_reason,
+        _stop_and_length_from_index,
+    )
+    from torchrl_fixes.fixes.slice_boundary_index.slice_sampling import (
+        _sample_from_index,
+    )
 except ImportError as err:  # a TorchRL whose layout this fix does not know
     _IMPORT_ERROR = err
 else:
@@ -263,6 +267,8 @@ def fallback_reason(sampler, storage) -> str | None:
         >>> fallback_reason(SliceSampler(num_slices=2, traj_key="episode"), ListStorage(10))
         'storage is not a TensorStorage'
     """
+    if _IMPORT_ERROR is not None:
+        return f"cannot import TorchRL's samplers and storages ({_IMPORT_ERROR})"
     reason = _fallback_reason(sampler, storage)
     if reason is None:
         try:
@@ -272,7 +278,7 @@ def fallback_reason(sampler, storage) -> str | None:
                 _version(column)
         except Unsupported as err:
             reason = str(err)
-    if reason is None and _IMPORT_ERROR is None and _backports_mutation_revision():
+    if reason is None and _backports_mutation_revision():
         reason = mutation_revision.unseen_writes_reason(storage)
     return reason
 

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import warnings
 
 import pytest
 import torch
 from tensordict import TensorDict
 
+from conformance.cuda_sync import count_host_synchronisations
 from conformance.harness import assert_identical, run_patched, run_stock
 from conformance.slice_scenarios import (
     MEMMAP_NDIM2,
@@ -279,22 +279,11 @@ def synchronizing_calls_of_writes():
     rb = ReplayBuffer(storage=storage, sampler=sampler, batch_size=32)
     rb.extend(rows(0, 500))
     rb.sample()
-    counts = []
     writes = (
         lambda: rb.extend(rows(500, 100)),
         lambda: storage.set(torch.arange(600, 700, device="cuda"), rows(600, 100)),
     )
-    for write in writes:
-        torch.cuda.synchronize()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                write()
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-        counts.append(sum("synchroniz" in str(w.message) for w in caught))
-    return counts
+    return [count_host_synchronisations(write) for write in writes]
 
 
 @pytest.mark.cuda

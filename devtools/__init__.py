@@ -27,6 +27,10 @@ repository, beside the conformance suite (``conformance/``) and the upstream dif
   process, processes alternating between the two trees;
 - ``index-structures`` (:mod:`devtools.index_structures`): the trajectory index's
   sorted key store against a flat sorted array and a blocked one, on the same calls;
+- ``gpu`` (:mod:`devtools.gpu_check`): the whole GPU check in one run, written to one
+  report: ``pytest -m cuda``, stock against patched on a GPU storage, ``use_gpu`` over a
+  CPU storage and TD-MPC2's buffer on the GPU, host synchronisations, ``compare`` and
+  ``diagnose``; ``--device cpu`` is its dry run (``docs/gpu.md``);
 - :mod:`devtools.torchrl_suite`, a pytest plugin (``-p devtools.torchrl_suite``) that
   applies the fixes before TorchRL's own test suite imports TorchRL, and
   :mod:`devtools.compare_junit`, which lists the tests that pass on stock and not with

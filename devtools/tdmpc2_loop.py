@@ -5,10 +5,11 @@ every transition in a ``LazyTensorStorage`` tagged with its episode number, samp
 slices of ``horizon + 1`` steps by that id (built here by
 :func:`conformance.slice_scenarios.tdmpc2_buffer`) and adds each finished episode
 with ``extend``. :func:`run` builds that buffer twice, stock (inside
-:func:`torchrl_fixes.disabled`) and patched, fills both with the same episodes,
-then times TD-MPC2's loop in turn: ``samples_per_episode`` samples, then one
-episode written. Every sample of both is checked: each slice lies in one episode,
-at consecutive steps.
+:func:`torchrl_fixes.disabled`) and patched, with its storage on the CPU or on a
+given device (``python -m devtools gpu`` puts it on the GPU, as TD-MPC2 does where
+it fits), fills both with the same episodes, then times TD-MPC2's loop in turn:
+``samples_per_episode`` samples, then one episode written. Every sample of both is
+checked: each slice lies in one episode, at consecutive steps.
 
 Run it with ``nox -s benchmark_tdmpc2`` (TorchRL 0.8.1, as TD-MPC2 pins it) or
 ``python -m devtools tdmpc2`` on any installed TorchRL.
@@ -81,22 +82,36 @@ def check_slices(sample: TensorDict) -> None:
 
 
 def run(
-    stored: int, capacity: int, rounds: int, samples_per_episode: int
+    stored: int,
+    capacity: int,
+    rounds: int,
+    samples_per_episode: int,
+    device: torch.device | str = "cpu",
 ) -> Timing:
     """Fills a stock and a patched TD-MPC2 buffer with ``stored`` rows, then times the loop.
 
     Each round runs, for stock then patched (patched first every other round),
     ``samples_per_episode`` samples and one episode's ``extend``; the sample's
     median over the rounds is what is reported.
+
+    Args:
+        stored (int): rows written before timing.
+        capacity (int): the storage's capacity.
+        rounds (int): timed rounds, one episode written in each.
+        samples_per_episode (int): samples timed per round and buffer.
+        device (torch.device or str, optional): the storage's device (TD-MPC2 keeps
+            its buffer on ``cuda:0`` when it fits). A sample on a CUDA device is
+            timed until the device has finished it. Defaults to ``"cpu"``.
     """
+    device = torch.device(device)
     if capacity < stored + rounds * EPISODE_LEN:
         raise TDMPC2LoopError(
             f"capacity {capacity} cannot hold {stored} rows and {rounds} more episodes; "
             "raise --capacity"
         )
     with torchrl_fixes.disabled():
-        buffers = {"stock": tdmpc2_buffer(capacity)}
-    buffers["patched"] = tdmpc2_buffer(capacity)
+        buffers = {"stock": tdmpc2_buffer(capacity, device=device)}
+    buffers["patched"] = tdmpc2_buffer(capacity, device=device)
     for start in range(0, stored, FILL_CHUNK):
         rows = episodes(start, min(FILL_CHUNK, stored - start))
         for rb in buffers.values():
@@ -111,6 +126,8 @@ def run(
             for _ in range(samples_per_episode):
                 start = time.perf_counter()
                 sample = rb.sample()
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
                 times[name].append(time.perf_counter() - start)
                 check_slices(sample)
                 checked += 1

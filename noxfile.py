@@ -1,4 +1,4 @@
-"""Sessions: tests, conformance over the TorchRL release matrix, lint, benchmark, compare, upstream, upstream_review.
+"""Sessions: tests, lint, conformance, conformance_extension, ray, benchmark, benchmark_tdmpc2, compare, upstream, upstream_review, torchrl_suite.
 
 Every environment installs torch first, explicitly: ``TORCHRL_FIXES_TORCH`` if set,
 else ``torch==2.13.0``. Which build that gives depends on where pip looks: from the
@@ -11,13 +11,14 @@ any requirement pip takes, for example a wheel file or ``torch==2.13.0+cpu``:
     TORCHRL_FIXES_TORCH=/wheels/torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl nox -s tests
 
     nox -s tests                     # unit tests + conformance on TorchRL 0.14.1
+    nox -s lint
     nox -s conformance               # conformance on every supported release and the nightly
     nox -s "conformance(torchrl='0.12.0')"
     nox -s "conformance(torchrl='nightly')"   # the pinned torchrl-nightly build (devtools/torchrl_matrix.py)
     nox -s conformance_extension     # prioritized buffers, where TorchRL's C++ extension loads
-    nox -s lint
     nox -s ray                       # a RayReplayBuffer on a local Ray cluster, with the fixes
-    nox -s benchmark                 # the main job: stock vs patched timings, table and plot
+    nox -s benchmark                 # the main job: stock vs patched timings, table and plot in results/latest/
+    nox -s benchmark -- --out results          # refreshes the committed table and plot
     nox -s benchmark -- --full       # adds the 346M-transition rows (memory: python -m devtools bench --help)
     nox -s benchmark -- --compare BASELINE.json
     nox -s benchmark_tdmpc2          # TD-MPC2's buffer on the TorchRL it pins (0.8.1), stock vs patched
@@ -25,12 +26,14 @@ any requirement pip takes, for example a wheel file or ``torch==2.13.0+cpu``:
     nox -s upstream                  # patches/main/ applied to TorchRL main's source, no runtime patching
     nox -s upstream_review           # patches/main/ reviewed PR by PR as TorchRL's CI would (pinned hooks, tests)
     nox -s upstream_review -- --checkout /path/to/rl
+    nox -s "torchrl_suite(torchrl='0.14.1')" -- /path/to/rl/test/rb   # TorchRL's own tests (needs a pytorch/rl checkout)
 
 ``benchmark``, ``compare``, ``upstream`` and ``upstream_review`` run the repository's development tooling,
 ``python -m devtools``, from this folder.
 """
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
@@ -42,9 +45,13 @@ from devtools.review_hooks import (  # noqa: E402
     HOOK_REQUIREMENTS,
     VERMIN_REQUIREMENT,
 )
+from devtools.speed_comparison import LOCAL_RESULTS  # noqa: E402
 from devtools.torchrl_matrix import MATRIX, NEWEST, TDMPC2, torchrl_requirements  # noqa: E402
 
 nox.options.reuse_existing_virtualenvs = True
+# nox looks for uv at every session and logs when it is missing; the sessions use pip,
+# so that line says nothing a user can act on.
+logging.getLogger("nox").addFilter(lambda record: record.getMessage() != "uv binary not found.")
 nox.options.sessions = ["lint", "tests", "conformance", "conformance_extension"]
 
 # The torch requirement every session installs first (see the module docstring).
@@ -73,7 +80,7 @@ def _install(session: nox.Session, torchrl: str, torch: str = TORCH) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Unit tests of the package, and the conformance suite on the newest release."""
+    """Unit tests of the package, and the conformance suite on the newest release (the README's)."""
     _install(session, NEWEST)
     session.run(
         "python", "-m", "pytest", "--doctest-modules", "torchrl_fixes", "devtools", "tests",
@@ -85,8 +92,10 @@ def tests(session: nox.Session) -> None:
 @nox.session
 @nox.parametrize("torchrl", MATRIX)
 def conformance(session: nox.Session, torchrl: str) -> None:
-    """Stock vs patched on one TorchRL release, and which fixes apply there; the speed
-    benchmarks run once each, untimed, so that they run on every release too."""
+    """Conformance on one TorchRL release: stock vs patched, and which fixes apply there.
+
+    The speed benchmarks run once each, untimed, so that they run on every release too.
+    """
     _install(session, torchrl)
     session.run("python", "-m", "torchrl_fixes", "status")
     session.run("python", "-m", "pytest", "conformance", *session.posargs)
@@ -98,7 +107,7 @@ def conformance(session: nox.Session, torchrl: str) -> None:
 
 @nox.session
 def conformance_extension(session: nox.Session) -> None:
-    """Conformance where TorchRL's C++ extension loads, so the prioritized buffers run.
+    """Conformance beside torch 2.14.1, where TorchRL's C++ extension (prioritized buffers) loads.
 
     No TorchRL release's extension loads beside the CPU torch 2.13.0; torchrl 0.14.1's
     loads beside torch 2.14.1 (a CUDA build, about 5.5 GB installed, that also runs on
@@ -113,7 +122,7 @@ def conformance_extension(session: nox.Session) -> None:
 
 @nox.session
 def ray(session: nox.Session) -> None:
-    """A RayReplayBuffer's actor on a local Ray cluster gets the fixes, both ways.
+    """A RayReplayBuffer actor on a local Ray cluster gets the fixes (setup hook, launcher).
 
     ``tests/ray``: Ray started here (two CPUs, 127.0.0.1 only) once with the
     ``worker_process_setup_hook`` ``torchrl_fixes.ray_worker_setup`` and once under
@@ -127,12 +136,14 @@ def ray(session: nox.Session) -> None:
 
 
 # Every Python file of the repository: what lint checks.
-LINT_PATHS = ("torchrl_fixes", "devtools", "tests", "conformance", "upstream", "noxfile.py")
+LINT_PATHS = (
+    "torchrl_fixes", "devtools", "tests", "conformance", "upstream", "noxfile.py", "conftest.py",
+)
 
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff over the repository's Python, then its Python 3.10 floor, checked statically.
+    """ruff over the repository's Python, and its Python 3.10 floor checked statically.
 
     No Python 3.10 interpreter is available to CI: vermin reports the modules, members
     and syntax newer than 3.10 that it knows, ``devtools/python_floor.py`` what vermin
@@ -152,7 +163,7 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def compare(session: nox.Session) -> None:
-    """The fix status, then stock and patched ``pin_memory=True`` output side by side."""
+    """The fix status, then stock and patched ``pin_memory=True`` output, side by side."""
     _install(session, NEWEST)
     session.run("python", "-m", "devtools", "compare", *session.posargs)
 
@@ -161,8 +172,9 @@ def compare(session: nox.Session) -> None:
 def benchmark(session: nox.Session) -> None:
     """The main job: stock against patched TorchRL timed here, as a table and a plot.
 
-    Shows each benchmark as it lands, then the table; writes ``results/``
-    (``bench.json``, ``benchmark.md``, ``benchmark.png``, ``bench.log``). Arguments
+    Shows each benchmark as it lands, then the table; writes ``results/latest/``, which
+    git ignores (``bench.json``, ``benchmark.md``, ``benchmark.png``, ``bench.log``);
+    ``-- --out results`` refreshes the committed table and plot instead. Arguments
     after ``--`` go to ``python -m devtools bench``: ``--full``, ``--compare
     BASELINE.json``, ``--margin``, ``--json``, ``--out DIR``, ``--threads N``
     (``python -m devtools bench --help`` says what each does and what ``--full`` needs).
@@ -174,20 +186,21 @@ def benchmark(session: nox.Session) -> None:
 
 @nox.session
 def benchmark_tdmpc2(session: nox.Session) -> None:
-    """TD-MPC2's replay buffer on the TorchRL release TD-MPC2 pins, stock against patched.
+    """TD-MPC2's replay buffer on the TorchRL release it pins (0.8.1), stock against patched.
 
-    ``python -m devtools tdmpc2`` under torchrl 0.8.1: 10M stored transitions, 50
-    samples per episode written, every slice checked; writes ``results/tdmpc2.md``.
-    Arguments after ``--`` replace ``--out results`` (``python -m devtools tdmpc2 --help``).
+    ``python -m devtools tdmpc2``: 10M stored transitions, 50 samples per episode
+    written, every slice checked; writes ``results/latest/tdmpc2.md``. Arguments after
+    ``--`` replace ``--out results/latest`` (``--out results`` refreshes the committed
+    table; ``python -m devtools tdmpc2 --help``).
     """
     session.install(TORCH)
     session.install("-e", ".[bench]", *torchrl_requirements(TDMPC2))
-    session.run("python", "-m", "devtools", "tdmpc2", *(session.posargs or ["--out", "results"]))
+    session.run("python", "-m", "devtools", "tdmpc2", *(session.posargs or ["--out", LOCAL_RESULTS]))
 
 
 @nox.session
 def upstream(session: nox.Session) -> None:
-    """The upstream series, proven by the same suite with no runtime patching.
+    """patches/main/ applied to TorchRL main's source and proven by the suite, no runtime patching.
 
     ``patches/main/`` against TorchRL main as the pinned torchrl-nightly build has it:
     checks that the series is what the runtime fixes and ``upstream/`` write
@@ -228,7 +241,7 @@ def upstream(session: nox.Session) -> None:
 
 @nox.session
 def upstream_review(session: nox.Session) -> None:
-    """``patches/main/`` reviewed one pull request at a time, as TorchRL's CI would.
+    """patches/main/ reviewed one pull request at a time, as TorchRL's CI would.
 
     Copies the pinned torchrl-nightly build into a git tree, applies each patch as a
     commit, and reports per PR: whether it applies, its ``torchrl/`` lines, its test
@@ -251,7 +264,7 @@ def upstream_review(session: nox.Session) -> None:
 @nox.session
 @nox.parametrize("torchrl", MATRIX)
 def torchrl_suite(session: nox.Session, torchrl: str) -> None:
-    """TorchRL's own replay-buffer tests, stock and then with the fixes; fails if one is lost.
+    """TorchRL's own replay-buffer tests from a pytorch/rl checkout, stock then patched; none lost.
 
     Needs a checkout of pytorch/rl's tests that match this TorchRL (never committed here):
 

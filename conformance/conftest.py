@@ -76,13 +76,12 @@ def torchrl_extension():
             PrioritizedSampler(8, alpha=0.7, beta=0.5)
         # 0.8 and 0.9 raise NameError: the segment tree class was never imported
         except (RuntimeError, ImportError, NameError) as err:
-            message = (
-                f"TorchRL's C++ extension does not load beside torch {torch.__version__}, so "
-                f"a stock PrioritizedSampler fails too: {_extension_import_error(err)}"
-            )
             if os.environ.get("TORCHRL_FIXES_REQUIRE_EXTENSION") == "1":
-                pytest.fail(message)
-            pytest.skip(message)
+                pytest.fail(
+                    f"TorchRL's C++ extension does not load beside torch {torch.__version__}, "
+                    f"so a stock PrioritizedSampler fails too: {_extension_import_error(err)}"
+                )
+            pytest.skip(reference.EXTENSION_SKIP_REASON)
 
 
 @pytest.fixture

@@ -188,3 +188,11 @@ def skip_where_stock_cannot_copy(copier) -> None:
             copier(rb)
         except RuntimeError as err:
             pytest.skip(f"a stock buffer cannot be copied so on this TorchRL either: {err}")
+
+
+# Why a test that needs TorchRL's C++ extension (segment trees) is skipped; the detail of
+# the failed import is left to the session that must run them, which fails instead.
+EXTENSION_SKIP_REASON = (
+    "needs TorchRL's C++ extension, which does not load beside this torch "
+    "(nox -s conformance_extension installs one it loads beside)"
+)

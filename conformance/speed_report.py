@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from datetime import datetime
@@ -51,20 +52,34 @@ VARIANTS = ("stock", "patched")
 # The floors a ``pair`` benchmark may time beside the variants, as ``{name}_median_s``.
 FLOORS = ("floor", "gather_floor")
 
-# (operation, legend label) of the lines :func:`plot` draws.
+# One colour per series, the same in both panels of :func:`plot`.
+SERIES_COLORS = {
+    "stock": "tab:red",
+    "patched": "tab:blue",
+    "floor": "tab:gray",
+    "gather_floor": "tab:green",
+}
+# (operation, legend label, line style) of the lines :func:`plot` draws by stored size.
 PLOTTED_OPERATIONS = (
-    ("seed_table", "static buffer"),
-    ("online sample-after-write", "online, sample after a write"),
+    ("seed_table", "static buffer", "-"),
+    ("online sample-after-write", "online, sample after a write", "--"),
 )
 PLOTTED_KEY = "episode"
 # The rows drawn against the number of trajectories, with their floors.
 SWEEP_OPERATION = "sweep sample-after-write"
-# (Row field, legend label, line style, color) of the sweep's lines.
+# (Row field, legend label, line style) of the sweep's lines.
 SWEEP_LINES = (
-    ("stock", "stock", "-", "C0"),
-    ("patched", "patched", "--", "C1"),
-    ("floor", "RandomSampler floor", ":", "C2"),
-    ("gather_floor", "gather floor", "-.", "C3"),
+    ("stock", "stock", "-"),
+    ("patched", "patched", "-"),
+    ("floor", "RandomSampler floor", ":"),
+    ("gather_floor", "gather floor", "-."),
+)
+# What the floors are, said under the figure so that it reads without the README.
+FLOORS_CAPTION = (
+    "Red: stock TorchRL. Blue: with torchrl_fixes. Floors, timed in the same rounds on the "
+    "same storage: RandomSampler floor = a RandomSampler sample of the same batch "
+    "(scattered rows; the slices read runs of rows, so they can cost less); gather floor = "
+    "reading the sample's own rows, storage[index]."
 )
 PLOT_TITLE = "SliceSampler sample time: stock vs torchrl_fixes"
 
@@ -333,12 +348,13 @@ def plot(report: Report | str | PathLike, path: str | PathLike) -> None:
     """Draw the median sample time against the transitions stored, log-log, as a PNG.
 
     One line per operation of :data:`PLOTTED_OPERATIONS` (``seed_table``: a static
-    buffer; ``online sample-after-write``: a sample right after a write) and build,
-    stock solid and patched dashed, from the rows whose trajectory key is
-    ``episode``. Where there are ``sweep sample-after-write`` rows, a second panel
-    draws those of the largest stored size against the trajectories stored, with
-    one line per build and per floor (:data:`SWEEP_LINES`). Lines without a point
-    are left out.
+    buffer, solid; ``online sample-after-write``: a sample right after a write,
+    dashed) and build, from the rows whose trajectory key is ``episode``. Where there
+    are ``sweep sample-after-write`` rows, a second panel draws those of the largest
+    stored size against the trajectories stored, with one line per build and per
+    floor (:data:`SWEEP_LINES`). Each build and floor has one colour in both panels
+    (:data:`SERIES_COLORS`), and the figure says what the floors are
+    (:data:`FLOORS_CAPTION`). Lines without a point are left out.
 
     Args:
         report: the parsed pytest-benchmark JSON or a path to it.
@@ -355,22 +371,23 @@ def plot(report: Report | str | PathLike, path: str | PathLike) -> None:
     table = rows(report)
     sweep = _sweep_lines(table)
     lines = []
-    for color, (operation, label) in enumerate(PLOTTED_OPERATIONS):
-        for variant, style in (("stock", "-"), ("patched", "--")):
+    for operation, label, style in PLOTTED_OPERATIONS:
+        for variant in VARIANTS:
             points = _plotted_points(table, operation, variant)
             if points:
-                lines.append((points, f"{label}, {variant}", style, f"C{color}"))
+                lines.append((points, f"{variant}, {label}", style, SERIES_COLORS[variant]))
     if not lines and not sweep:
-        operations = " or ".join(repr(operation) for operation, _ in PLOTTED_OPERATIONS)
+        operations = " or ".join(repr(operation) for operation, _, _ in PLOTTED_OPERATIONS)
         raise ValueError(
             f"nothing to plot: no benchmark with operation {operations}, key "
             f"{PLOTTED_KEY!r}, transitions stored and a median"
         )
 
     panels = bool(lines) + bool(sweep)
-    figure = Figure(figsize=(7 * panels + 1, 5.5), layout="constrained")
+    figure = Figure(figsize=(7 * panels + 1, 6), layout="constrained")
     FigureCanvasAgg(figure)
     figure.suptitle(PLOT_TITLE)
+    figure.supxlabel(textwrap.fill(FLOORS_CAPTION, 60 * panels + 20), fontsize="small")
     if lines:
         _draw_by_stored(figure.add_subplot(1, panels, 1), lines, run_header(report))
     if sweep:
@@ -421,14 +438,14 @@ def _sweep_lines(table: list[Row]):
     stored = max(row.stored for row in found)
     found = sorted((row for row in found if row.stored == stored), key=lambda r: r.episode_len, reverse=True)
     lines = []
-    for variant, label, style, color in SWEEP_LINES:
+    for variant, label, style in SWEEP_LINES:
         points = [
             (row.stored // row.episode_len, getattr(row, variant))
             for row in found
             if getattr(row, variant)
         ]
         if points:
-            lines.append((points, label, style, color))
+            lines.append((points, label, style, SERIES_COLORS[variant]))
     return stored, lines
 
 

@@ -5,7 +5,7 @@
 rows to the one before. This module needs neither torch nor TorchRL, so the memory
 a scale needs (:func:`memory_for_scale`) and the rows it adds
 (:func:`scenarios_added`) can be stated before anything is imported or filled:
-``python -m devtools bench`` states them, and the README quotes them.
+``python -m devtools bench`` states them, and docs/benchmarks.md quotes them.
 
 Examples:
     >>> from conformance.speed_sizes import GiB, memory_for_scale, scenarios_added

@@ -446,3 +446,27 @@ def test_the_sweep_draws_the_gather_floor_where_it_was_timed(tmp_path):
     path = tmp_path / "with-gather.png"
     plot(SWEEP_WITH_GATHER, path)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_each_series_keeps_its_colour_across_both_panels(tmp_path, monkeypatch):
+    """stock, patched and each floor are drawn in one colour each, in both panels, and
+    the figure itself says what the floors are."""
+    from matplotlib.figure import Figure
+
+    drawn = []
+    monkeypatch.setattr(Figure, "savefig", lambda figure, *args, **kwargs: drawn.append(figure))
+    plot({"benchmarks": PAIRS["benchmarks"] + SWEEP_WITH_GATHER["benchmarks"]}, tmp_path / "a.png")
+    (figure,) = drawn
+    assert len(figure.axes) == 2
+    colours: dict[str, set[str]] = {}
+    for axes in figure.axes:
+        for line in axes.get_lines():
+            series = line.get_label().split(",")[0]
+            colours.setdefault(series, set()).add(line.get_color())
+    assert set(colours) == {"stock", "patched", "RandomSampler floor", "gather floor"}
+    assert all(len(colour) == 1 for colour in colours.values()), colours
+    assert len(set.union(*colours.values())) == len(colours)
+    caption = " ".join(text.get_text() for text in figure.texts)
+    caption += " " + (figure._supxlabel.get_text() if figure._supxlabel else "")
+    assert "RandomSampler floor =" in " ".join(caption.split())
+    assert "gather floor =" in " ".join(caption.split())

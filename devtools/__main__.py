@@ -1,4 +1,4 @@
-"""``python -m devtools {bench,tdmpc2,compare,export-patches,patched-copy,upstream-review,tree-speed,index-structures}``, from the repository root.
+"""``python -m devtools {bench,tdmpc2,compare,gpu,export-patches,patched-copy,upstream-review,tree-speed,index-structures}``, from the repository root.
 
 Each command has its own options (``python -m devtools bench --help``); see
 :mod:`devtools` for what each does.
@@ -15,6 +15,7 @@ PROG = "python -m devtools"
 DELEGATED = {
     "tree-speed": ("devtools.tree_speed", "this tree's slice sample against another checkout's, as ratios to a floor"),
     "index-structures": ("devtools.index_structures", "the trajectory index's key store against a flat and a blocked one"),
+    "gpu": ("devtools.gpu_check", "the whole GPU check into one report: pytest -m cuda, stock vs patched on the GPU, host syncs, compare, diagnose (--device cpu: a dry run)"),
 }
 
 
@@ -56,7 +57,12 @@ def parser() -> argparse.ArgumentParser:
         f"{speed_comparison.full_memory() / speed_comparison.GiB:.0f} GiB of available memory, "
         "checked before anything starts)",
     )
-    bench.add_argument("--out", default="results", help="results folder (default: %(default)s)")
+    bench.add_argument(
+        "--out",
+        default=speed_comparison.LOCAL_RESULTS,
+        help="results folder (default: %(default)s, which git ignores; --out results "
+        "refreshes the table and plot the README shows)",
+    )
     bench.add_argument(
         "--threads",
         type=_positive_int,

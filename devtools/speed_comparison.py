@@ -3,7 +3,8 @@
 Runs the speed benchmarks of the conformance suite (``conformance/test_speed_*.py``,
 pytest-benchmark) in the current environment. While they run it prints one line per
 benchmark as it lands (``[i/n] scenario: stock ..., patched ..., ratio``), then the
-table of every scenario, and writes into a results folder:
+table of every scenario, and writes into a results folder (:data:`LOCAL_RESULTS`, which
+git ignores, unless told otherwise):
 
 - ``bench.json``: pytest-benchmark's raw output, which the table is made from;
 - ``benchmark.md``: the table of scenario, stock median, patched median and
@@ -40,6 +41,9 @@ ROOT = Path(__file__).resolve().parent.parent
 GiB = speed_sizes.GiB
 SPEED_FILES = ("test_speed_slice_sampling.py", "test_speed_single_gather.py")
 REQUIREMENTS = ("pytest", "pytest_benchmark", "matplotlib")
+# Where a run writes by default: a folder git ignores, so that a run leaves the clone
+# clean; ``results/`` itself holds the committed run the README quotes.
+LOCAL_RESULTS = "results/latest"
 # How long one 346M-row buffer takes to fill on the 2-core development machine.
 FILL_SECONDS_PER_ROW = 60 / 346_000_000
 
@@ -135,7 +139,7 @@ def _tail(path: Path, lines: int = 30) -> str:
 
 
 def run(
-    out_dir: str | os.PathLike = "results",
+    out_dir: str | os.PathLike = LOCAL_RESULTS,
     *,
     full: bool = False,
     threads: int = 1,

@@ -5,7 +5,7 @@ copied into a temporary git tree as ``torchrl/``, with a pytorch/rl checkout's
 ``test/``, ``benchmarks/`` and settings beside it when ``--checkout`` gives one, and
 committed. Each patch of the series is one pull request: it is applied with ``git
 apply -p1`` and committed, in name order, and checked against the bars of the
-upstream contract (``DESIGN.md``):
+upstream contract (stated in ``patches/README.md``):
 
 - it applies (a PR that does not stops the review: later ones build on it);
 - at most :data:`TORCHRL_LINES_BAR` lines added and removed under ``torchrl/``;

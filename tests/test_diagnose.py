@@ -34,6 +34,7 @@ from torchrl.data import (
 
 import torchrl_fixes
 from conformance.fake_pinning import forget_pin_memory_answer, install_fake_pinning
+from conformance.reference import EXTENSION_SKIP_REASON
 from torchrl_fixes import diagnose as diagnose_function
 from torchrl_fixes.diagnose import (
     SAMPLE_STAGES,
@@ -76,8 +77,8 @@ def _prioritized():
 
     try:
         return PrioritizedSampler(CAPACITY, alpha=0.7, beta=0.5)
-    except (RuntimeError, ImportError) as err:
-        pytest.skip(f"TorchRL's C++ extension does not load here (PrioritizedSampler: {err})")
+    except (RuntimeError, ImportError):
+        pytest.skip(EXTENSION_SKIP_REASON)
 
 
 SAMPLERS = {

@@ -1,14 +1,17 @@
 """Figures and lists said in several places come from one source.
 
 - The configurations a fix leaves to stock code: the fix's ``fallbacks`` declaration.
-  ``status()`` prints it, the README quotes that output, and the upstream patch's
-  header renders it.
+  ``status()`` prints it, ``docs/fixes.md`` quotes that output, and the upstream
+  patch's header renders it.
 - The memory ``--full`` needs: :func:`conformance.speed_sizes.memory_for_scale`, which
-  ``python -m devtools bench``, pytest's ``--slice-scale`` help and the README state.
+  ``python -m devtools bench``, pytest's ``--slice-scale`` help and
+  ``docs/benchmarks.md`` state.
 - What each fix patches: the fix's ``implements`` declaration, which its plan checks
-  and the README's table renders.
+  and the table of ``docs/fixes.md`` renders.
 - The runtime package: every module of ``torchrl_fixes`` imports without the test
-  suite and without ``devtools/``.
+  suite and without ``devtools/``; no module of ``devtools/`` imports a test module.
+- The documents: the README stays short, and every relative link of it and of
+  ``docs/`` resolves.
 """
 from __future__ import annotations
 
@@ -27,12 +30,19 @@ from torchrl_fixes.fixes import ALL_FIXES
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
+FIXES_DOC = (ROOT / "docs" / "fixes.md").read_text()
+BENCHMARKS_DOC = (ROOT / "docs" / "benchmarks.md").read_text()
+# What a newcomer reads first, in characters.
+README_LIMIT = 15_000
 
 
-def test_readme_status_output_quotes_the_declared_fallbacks():
-    block = README[README.index("stock code still runs for:\n") :].split("\n\n")[0]
-    assert block.splitlines()[1:] == [
-        f"  {fix.name}: {fix.all_fallbacks()}" for fix in ALL_FIXES if fix.fallbacks
+def test_docs_status_output_quotes_the_declared_fallbacks():
+    block = FIXES_DOC[FIXES_DOC.index("stock code still runs for:\n") :].split("\n```")[0]
+    quoted = block.split("\n")[1:]
+    starts = [i for i, line in enumerate(quoted) if not line.startswith("    ")] + [len(quoted)]
+    notes = [" ".join(quoted[a:b]).split() for a, b in zip(starts, starts[1:])]
+    assert notes == [
+        f"{fix.name}: {fix.all_fallbacks()}".split() for fix in ALL_FIXES if fix.fallbacks
     ]
 
 
@@ -58,37 +68,45 @@ def test_fix_docstrings_point_at_the_declaration_instead_of_listing():
         assert "fragmented=True" not in doc and "tensorclasses" not in doc
 
 
-def test_readme_states_the_computed_full_run_cost():
+def test_docs_state_the_computed_full_run_cost():
     memory = f"{memory_for_scale('full') / GiB:.0f} GiB of available memory"
     fills, rows = fills_added("full")
-    assert f"adds the {len(scenarios_added('full'))} rows of 346M stored" in README
-    assert memory in " ".join(README.split())
-    assert f"a {rows // 1_000_000}M-row buffer {fills} times" in " ".join(README.split())
+    flat = " ".join(BENCHMARKS_DOC.split())
+    assert f"adds the {len(scenarios_added('full'))} rows of 346M stored" in flat
+    assert memory in flat
+    assert f"a {rows // 1_000_000}M-row buffer {fills} times" in flat
+    assert f"about {memory_for_scale('full') / GiB:.0f} GiB of memory" in " ".join(README.split())
     # nowhere else quotes another figure for it
     for path in ("noxfile.py", "conformance/conftest.py", "devtools/__main__.py"):
         assert not re.search(r"\b1[18] GiB|\b7 GB", (ROOT / path).read_text()), path
 
 
-def test_readme_table_is_the_default_run():
-    """The README's whole-run table has every row of the default run (``ci`` and ``report``
-    scales, and the single-gather benchmark's two image rows), and nothing else."""
-    table = README[README.index("The whole run (`results/benchmark.md`") :].split("\n\n")[1]
+def test_docs_table_is_the_default_run():
+    """The whole-run table of ``docs/benchmarks.md`` has every row of the default run
+    (``ci`` and ``report`` scales, and the single-gather benchmark's two image rows), and
+    nothing else."""
+    table = BENCHMARKS_DOC[BENCHMARKS_DOC.index("The whole run (`results/benchmark.md`") :]
+    table = table.split("\n\n")[1]
     rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line][1:]
     default = scenarios_added("ci") + scenarios_added("report")
     assert len(rows) == len(default) + 2
     assert {row.split(" | ")[0].removeprefix("| ") for row in rows} >= set(default)
 
 
+def _imported_modules(path: Path) -> list[str]:
+    names = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names.append(node.module or "")
+    return names
+
+
 def test_no_runtime_module_imports_the_suite_or_the_tooling():
     for path in (ROOT / "torchrl_fixes").rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = []
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0:
-                names = [node.module or ""]
-            for name in names:
-                assert name.split(".")[0] not in ("conformance", "devtools", "tests"), (path, name)
+        for name in _imported_modules(path):
+            assert name.split(".")[0] not in ("conformance", "devtools", "tests"), (path, name)
 
 
 def _last_line_printed(code: str) -> str:
@@ -137,6 +155,50 @@ def test_a_torchrl_without_tensor_storage_skips_the_fixes_that_read_it():
         assert "cannot import" in about[0] and "TensorStorage" in about[0], about[0]
 
 
-def test_readme_targets_table_is_the_declarations():
-    """The README's table of what each fix patches is written from the fixes' declarations."""
-    assert targets_table(ALL_FIXES) in README
+def test_docs_targets_table_is_the_declarations():
+    """The table of what each fix patches is written from the fixes' declarations."""
+    assert targets_table(ALL_FIXES) in FIXES_DOC
+
+
+def test_no_tool_imports_a_test_module():
+    for path in (ROOT / "devtools").rglob("*.py"):
+        for name in _imported_modules(path):
+            last = name.split(".")[-1]
+            assert not (last.startswith("test_") or last == "conftest"), (path, name)
+            assert name.split(".")[0] != "tests", (path, name)
+
+
+def test_the_readme_is_short():
+    assert len(README) <= README_LIMIT
+
+
+# [text](target): the targets that are not a web address or an anchor of the same page
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+LINK_TEXT = re.compile(r"\[([^\]]*)\]\([^)\s]+\)")
+
+
+@pytest.mark.parametrize(
+    "document",
+    ["README.md", "patches/README.md", *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md"))],
+)
+def test_every_relative_link_resolves(document):
+    path = ROOT / document
+    text = path.read_text()
+    for target in LINK.findall(text):
+        if target.startswith(("http://", "https://", "mailto:")):
+            continue
+        file, _, anchor = target.partition("#")
+        linked = (path.parent / file).resolve() if file else path
+        assert linked.exists(), (document, target)
+        if anchor and linked.suffix == ".md":
+            assert anchor in _anchors(linked.read_text()), (document, target)
+
+
+def _anchors(markdown: str) -> set[str]:
+    """The anchors GitHub gives a page's headings."""
+    anchors = set()
+    for line in markdown.splitlines():
+        if line.startswith("#"):
+            title = LINK_TEXT.sub(r"\1", line.lstrip("#").strip()).lower()
+            anchors.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+    return anchors

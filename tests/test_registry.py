@@ -421,6 +421,24 @@ def test_status_rows_and_table(fake_versions, target, registries):
         assert line.endswith(row.reason or "-")
 
 
+@pytest.mark.parametrize("columns", [60, 100])
+def test_status_prose_lines_fold_to_the_terminal(monkeypatch, columns):
+    """The fallbacks and notes are folded to the terminal's width, their words kept."""
+    fallbacks = ", ".join(f"configuration number {i} of the fix" for i in range(30))
+    note = "TORCHRL_FIXES names " + " ".join(f"unknown_fix_{i}" for i in range(30))
+    row = FixStatus("a_fix", "summary", "", ">=0.8", "applied", "", fallbacks)
+    report = StatusReport([row], "0.14.1", "0.14.3", notes=[note])
+    monkeypatch.setenv("COLUMNS", str(columns))
+
+    lines = str(report).splitlines()
+    assert max(len(line) for line in lines) <= columns
+    block = lines[lines.index("stock code still runs for:") + 1 :]
+    first_note = next(i for i, line in enumerate(block) if line.startswith("note: "))
+    assert " ".join(block[:first_note]).split() == f"a_fix: {fallbacks}".split()
+    assert " ".join(block[first_note:]).split() == f"note: {note}".split()
+    assert all(line.startswith("    ") for line in block[1:first_note])
+
+
 def test_status_report_lookup_by_name(fake_versions, target, registries):
     """A report is indexed by fix name as well as by position; unknown names raise KeyError."""
     registry = registries(helper_fix(target), widget_fix(target))

@@ -12,6 +12,8 @@ import contextlib
 import functools
 import inspect
 import logging
+import shutil
+import textwrap
 import threading
 import types
 from dataclasses import dataclass
@@ -284,10 +286,16 @@ class StatusReport(list):
         lines = [f"torchrl {self.torchrl}, tensordict {self.tensordict}"]
         for row in (header, *rows):
             lines.append("  ".join(str(x).ljust(w) for x, w in zip(row, widths)).rstrip())
-        notes = [f"  {r.name}: {r.fallbacks}" for r in self if r.applied and r.fallbacks]
+        # the prose lines are folded to the terminal, indented under their first line
+        width = max(shutil.get_terminal_size().columns, 40)
+        notes = [
+            textwrap.fill(f"{r.name}: {r.fallbacks}", width, initial_indent="  ", subsequent_indent="    ")
+            for r in self
+            if r.applied and r.fallbacks
+        ]
         if notes:
             lines += ["stock code still runs for:", *notes]
-        lines += [f"note: {note}" for note in self.notes]
+        lines += [textwrap.fill(f"note: {note}", width, subsequent_indent="  ") for note in self.notes]
         return "\n".join(lines)
 
 

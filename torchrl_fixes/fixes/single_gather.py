@@ -399,7 +399,7 @@ class SingleGather(Fix):
     upstream_issue = "https://github.com/pytorch/rl/issues/2422"
     torchrl_versions = SpecifierSet(">=0.8")
     stock_classes = ("torchrl.data.replay_buffers.samplers.SliceSampler",)
-    # The one list of what runs stock code: status(), the README and the upstream
+    # The one list of what runs stock code: status(), docs/fixes.md and the upstream
     # patch's header show this text.
     fallbacks = (
         "storages other than a TensorStorage holding a TensorDict (lists, tensorclasses, "

@@ -185,7 +185,7 @@ class SliceBoundaryIndex(Fix):
     )
     stock_classes = ("torchrl.data.replay_buffers.samplers.SliceSampler",)
     # What runs stock code, as listed beside the checks that decide it: status(), the
-    # README and the upstream patch's header show this text.
+    # docs (docs/fixes.md) and the upstream patch's header show this text.
     fallbacks = ", ".join(FALLBACKS)
     release_fallbacks = "before TorchRL 0.14: " + ", ".join(mutation_revision.FALLBACKS)
 

@@ -67,6 +67,7 @@ PLOTTED_OPERATIONS = (
 PLOTTED_KEY = "episode"
 # The rows drawn against the number of trajectories, with their floors.
 SWEEP_OPERATION = "sweep sample-after-write"
+SWEEP_KEY = "done"
 # (Row field, legend label, line style) of the sweep's lines.
 SWEEP_LINES = (
     ("stock", "stock", "-"),
@@ -386,16 +387,17 @@ def plot(report: Report | str | PathLike, path: str | PathLike) -> None:
     panels = bool(lines) + bool(sweep)
     figure = Figure(figsize=(7 * panels + 1, 6), layout="constrained")
     FigureCanvasAgg(figure)
-    figure.suptitle(PLOT_TITLE)
+    header = run_header(report)
+    figure.suptitle(f"{PLOT_TITLE}\n{header}" if header else PLOT_TITLE)
     figure.supxlabel(textwrap.fill(FLOORS_CAPTION, 60 * panels + 20), fontsize="small")
     if lines:
-        _draw_by_stored(figure.add_subplot(1, panels, 1), lines, run_header(report))
+        _draw_by_stored(figure.add_subplot(1, panels, 1), lines)
     if sweep:
         _draw_sweep(figure.add_subplot(1, panels, panels), *sweep)
     figure.savefig(path, format="png", dpi=150)
 
 
-def _draw_by_stored(axes, lines, title: str) -> None:
+def _draw_by_stored(axes, lines) -> None:
     for points, label, style, color in lines:
         stored = [x for x, _ in points]
         milliseconds = [seconds * 1e3 for _, seconds in points]
@@ -406,7 +408,7 @@ def _draw_by_stored(axes, lines, title: str) -> None:
     axes.set_ylabel("median sample time (ms)")
     axes.grid(True, which="both", alpha=0.3)
     axes.legend()
-    axes.set_title(title, fontsize="small")
+    axes.set_title(f"by transitions stored, the sampler reading {PLOTTED_KEY} ids", fontsize="small")
 
 
 def _draw_sweep(axes, stored: int, lines) -> None:
@@ -420,7 +422,7 @@ def _draw_sweep(axes, stored: int, lines) -> None:
     axes.set_ylabel("median sample time after a write (ms)")
     axes.grid(True, which="both", alpha=0.3)
     axes.legend()
-    axes.set_title("sample after a write, against its floors", fontsize="small")
+    axes.set_title(f"by trajectories stored, the sampler reading {SWEEP_KEY} flags", fontsize="small")
 
 
 def _sweep_lines(table: list[Row]):
@@ -431,7 +433,7 @@ def _sweep_lines(table: list[Row]):
     """
     found = [
         row for row in table
-        if row.operation == SWEEP_OPERATION and row.stored and row.episode_len
+        if row.operation == SWEEP_OPERATION and row.key == SWEEP_KEY and row.stored and row.episode_len
     ]
     if not found:
         return None

@@ -214,7 +214,10 @@ WAITING_ACCESSES = {"sample-wait", "sample-wait-info"}
 def waiting_sample():
     """Skips where stock ``sample`` cannot wait for data."""
     if not _sample_waits():
-        pytest.skip("this TorchRL's sample() takes no wait/timeout/cancel_event")
+        pytest.skip(
+            "needs TorchRL main (torchrl-nightly): this TorchRL's sample() takes no "
+            "wait/timeout/cancel_event"
+        )
 
 
 @pytest.fixture

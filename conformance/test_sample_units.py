@@ -36,7 +36,7 @@ def _rows(start: int, count: int, length: int, lanes: int = 0) -> TensorDict:
 def _unit(kind: str):
     if kind == "triplet":
         if not hasattr(sample_units, "SubgoalTriplet"):
-            pytest.skip("this TorchRL has no SubgoalTriplet")
+            pytest.skip("needs a newer TorchRL: this one has no SubgoalTriplet")
         return sample_units.SubgoalTriplet(goal_discount=0.9)
     return sample_units.Sequence(length=5, episode_boundary=kind, burn_in=1, bootstrap=1)
 

@@ -376,7 +376,7 @@ def require(case: Case, request) -> None:
     """Skips a case this TorchRL cannot run; prioritized cases need the C++ extension."""
     missing = [option for option in case.needs if option not in SLICE_OPTIONS]
     if missing:
-        pytest.skip(f"SliceSampler has no {', '.join(missing)} in this TorchRL")
+        pytest.skip(f"needs a newer TorchRL: SliceSampler has no {', '.join(missing)} here")
     if case.sampler == "streaming" and STREAMING is None:
         pytest.skip("this TorchRL has no StreamingSliceSampler")
     if case.sampler == "prioritized":

@@ -69,6 +69,7 @@ import torchrl_fixes
 from conformance import reference, timing_in_turn
 from conformance.host_memory import available_memory
 from conformance.slice_scenarios import tdmpc2_buffer
+from conformance.speed_rows import case_rows
 from conformance.speed_sizes import (
     COLD,
     EXTEND,
@@ -111,31 +112,6 @@ def pytest_generate_tests(metafunc):
 
 
 # --- data -------------------------------------------------------------------------
-
-
-def _rows(case: Case, start: int, n: int) -> TensorDict:
-    """Rows ``start .. start + n`` of the endless stream of episodes ``case`` stores.
-
-    Step ``t`` belongs to episode ``t // episode_len`` and is done when it is the last
-    step of its episode, so every buffer of a case holds the same rows.
-    """
-    step = torch.arange(start, start + n)
-    episode = step // case.episode_len
-    done = ((step + 1) % case.episode_len == 0).unsqueeze(-1)
-    if case.layout in ("online", "sweep"):
-        fields = {
-            "obs": torch.zeros(n, 4),
-            "episode": episode,
-            ("next", "done"): done,
-            ("next", "terminated"): done,
-        }
-    else:
-        fields = {"obs": torch.zeros(n, 1)}
-        if case.key in ("episode", "unnamed"):
-            fields["episode"] = episode
-        if case.key in ("done", "unnamed"):
-            fields[("next", "done")] = done
-    return TensorDict(fields, [n])
 
 
 def _key_kwargs(case: Case) -> dict:
@@ -212,7 +188,7 @@ class Filled:
             self.rb.extend(self.next_rows(case.episode_len // 2))
 
     def next_rows(self, n: int) -> TensorDict:
-        rows = _rows(self.case, self.pos, n)
+        rows = case_rows(self.case, self.pos, n)
         self.pos += n
         return rows
 

@@ -64,6 +64,8 @@ from torchrl.data import LazyTensorStorage, ReplayBuffer, SliceSampler, TensorDi
 import torchrl_fixes
 from conformance.cuda_sync import count_host_synchronisations
 from conformance.speed_report import format_seconds
+from conformance.speed_rows import case_rows
+from conformance.speed_sizes import Case
 from devtools import tdmpc2_loop
 from devtools.pinned_sample_report import compare_pinned_samples
 from torchrl_fixes._core.versions import installed_version
@@ -76,9 +78,8 @@ PYTEST_OUTPUT = "pytest-cuda.txt"
 PYTEST_JUNIT = "pytest-cuda.xml"
 # The pytest step is stopped past this, so that the whole check stays within minutes.
 PYTEST_TIMEOUT_S = 240
-# Rows written before each timed sample, and the episodes of the sample-after-write streams.
+# Rows written before each timed sample.
 WRITE = 1_000
-EPISODE_LEN = 1_000
 # Rows per extend while filling a buffer.
 FILL_CHUNK = 1_000_000
 # Stored transitions per buffer: on a CUDA device, and in the dry run on the CPU.
@@ -184,38 +185,8 @@ def synchronize(device: torch.device) -> None:
 # ---------------------------------------------------------------------------
 
 
-def seed_table_rows(key: str, start: int, count: int) -> TensorDict:
-    """Rows ``start .. start + count`` of a stream of 1,000-step episodes, with only ``key`` to read.
-
-    Step ``t`` is in episode ``t // EPISODE_LEN``; its done flag is set at the
-    episode's last step. ``key`` ``"episode"`` stores the ids, ``"done"`` the flags.
-    """
-    step = torch.arange(start, start + count)
-    fields = {"obs": torch.zeros(count, 1)}
-    if key == "episode":
-        fields["episode"] = step // EPISODE_LEN
-    else:
-        fields[("next", "done")] = ((step + 1) % EPISODE_LEN == 0).unsqueeze(-1)
-    return TensorDict(fields, [count])
-
-
-def online_rows(start: int, count: int) -> TensorDict:
-    """Rows ``start .. start + count`` as a collector writes them: an observation, ids and flags."""
-    step = torch.arange(start, start + count)
-    done = ((step + 1) % EPISODE_LEN == 0).unsqueeze(-1)
-    return TensorDict(
-        {
-            "obs": torch.zeros(count, 4),
-            "episode": step // EPISODE_LEN,
-            ("next", "done"): done,
-            ("next", "terminated"): done,
-        },
-        [count],
-    )
-
-
 def seed_table_buffer(key: str, capacity: int, device: torch.device):
-    """The issue's table: 256 slices of 4 (1,024 rows), no value cache, the storage on ``device``."""
+    """The seed table's buffer: 256 slices of 4 (1,024 rows), no value cache, the storage on ``device``."""
     reads = {"traj_key": "episode"} if key == "episode" else {"end_key": ("next", "done")}
     sampler = SliceSampler(num_slices=256, truncated_key=None, cache_values=False, **reads)
     return ReplayBuffer(
@@ -324,6 +295,16 @@ def count_synchronisations(
     return counts
 
 
+def measure(pair: BufferPair, plan: Plan, device: torch.device):
+    """``(medians, counts)`` of ``pair``: :func:`time_sample_after_write`, then, on a CUDA
+    device, :func:`count_synchronisations` (``None`` elsewhere). The pair is emptied."""
+    medians = time_sample_after_write(pair, plan.rounds, device)
+    counts = count_synchronisations(pair, plan.sync_steps, device) if device.type == "cuda" else None
+    pair.buffers.clear()
+    _release(device)
+    return medians, counts
+
+
 def _release(device: torch.device) -> None:
     """Hands the memory of the buffers just dropped back before the next ones are filled."""
     gc.collect()
@@ -351,6 +332,14 @@ def _counts(values: list[int]) -> str:
     """One count, or the range the counts span."""
     low, high = min(values), max(values)
     return str(low) if low == high else f"{low}-{high}"
+
+
+def _measured_cells(medians: dict[str, float], counts) -> str:
+    """The stock, patched, ratio and synchronisation cells of a table row."""
+    return (
+        f"{format_seconds(medians['stock'])} | {format_seconds(medians['patched'])} "
+        f"| {_ratio(medians['stock'], medians['patched'])} | {_sync_cells(counts)}"
+    )
 
 
 def _sync_cells(counts: dict[str, dict[str, list[int]]] | None) -> str:
@@ -520,7 +509,7 @@ def storage_section(device: torch.device, plan: Plan) -> str:
         f"## A storage on {device}: SliceSampler sample right after a {WRITE:,}-row write",
         "",
         f"`LazyTensorStorage(capacity, device={str(device)!r})`, 256 slices of 4 steps (1,024 "
-        f"rows), no value cache, {EPISODE_LEN:,}-step episodes; median of {plan.rounds} "
+        f"rows), no value cache, {Case.episode_len:,}-step episodes; median of {plan.rounds} "
         "rounds, stock and patched in turn.",
         "",
         "| stored | sampler reads | stock | patched | stock/patched "
@@ -529,25 +518,14 @@ def storage_section(device: torch.device, plan: Plan) -> str:
     ]
     for stored in plan.sizes:
         for key, reads in KEYS.items():
+            case = Case("seed", key, stored, capacity_for(stored, plan), rounds=plan.rounds)
             pair = BufferPair(
-                functools.partial(seed_table_buffer, key, capacity_for(stored, plan), device),
-                functools.partial(seed_table_rows, key),
+                functools.partial(seed_table_buffer, key, case.capacity, device),
+                functools.partial(case_rows, case),
                 stored,
                 device,
             )
-            medians = time_sample_after_write(pair, plan.rounds, device)
-            counts = (
-                count_synchronisations(pair, plan.sync_steps, device)
-                if device.type == "cuda"
-                else None
-            )
-            del pair
-            _release(device)
-            lines.append(
-                f"| {size(stored)} | {reads} | {format_seconds(medians['stock'])} "
-                f"| {format_seconds(medians['patched'])} "
-                f"| {_ratio(medians['stock'], medians['patched'])} | {_sync_cells(counts)} |"
-            )
+            lines.append(f"| {size(stored)} | {reads} | {_measured_cells(*measure(pair, plan, device))} |")
     lines += ["", _sync_note(device, plan)]
     return "\n".join(lines)
 
@@ -555,17 +533,14 @@ def storage_section(device: torch.device, plan: Plan) -> str:
 def use_gpu_section(device: torch.device, plan: Plan) -> str:
     """Step 3 (and its synchronisations): ``SliceSampler(use_gpu=device)`` over a CPU storage."""
     stored = max(plan.sizes)
-    cpu = torch.device("cpu")
+    case = Case("online", "done", stored, capacity_for(stored, plan), rounds=plan.rounds)
     pair = BufferPair(
-        functools.partial(use_gpu_buffer, capacity_for(stored, plan), device),
-        online_rows,
+        functools.partial(use_gpu_buffer, case.capacity, device),
+        functools.partial(case_rows, case),
         stored,
-        cpu,
+        torch.device("cpu"),
     )
-    medians = time_sample_after_write(pair, plan.rounds, device)
-    counts = count_synchronisations(pair, plan.sync_steps, device) if device.type == "cuda" else None
-    del pair
-    _release(device)
+    cells = _measured_cells(*measure(pair, plan, device))
     return "\n".join(
         [
             f"## SliceSampler(use_gpu={str(device)!r}) over a CPU storage",
@@ -577,9 +552,7 @@ def use_gpu_section(device: torch.device, plan: Plan) -> str:
             "| stored | stock | patched | stock/patched "
             "| host syncs per write (stock / patched) | per sample (stock / patched) |",
             "| ---: | ---: | ---: | ---: | ---: | ---: |",
-            f"| {size(stored)} | {format_seconds(medians['stock'])} "
-            f"| {format_seconds(medians['patched'])} "
-            f"| {_ratio(medians['stock'], medians['patched'])} | {_sync_cells(counts)} |",
+            f"| {size(stored)} | {cells} |",
             "",
             _sync_note(device, plan),
         ]

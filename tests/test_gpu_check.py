@@ -6,6 +6,7 @@ in for the accelerator; the GPU run itself needs a CUDA device (docs/gpu.md).
 from __future__ import annotations
 
 import argparse
+import functools
 import re
 import subprocess
 import sys
@@ -14,6 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from conformance.speed_rows import case_rows
+from conformance.speed_sizes import Case
 from devtools import gpu_check
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,7 +90,7 @@ def test_a_pair_feeds_stock_and_patched_the_same_rows():
     plan = gpu_check.plan_for(cpu)
     pair = gpu_check.BufferPair(
         lambda: gpu_check.seed_table_buffer("done", gpu_check.capacity_for(5_000, plan), cpu),
-        lambda start, count: gpu_check.seed_table_rows("done", start, count),
+        functools.partial(case_rows, Case("seed", "done", 5_000, 0, rounds=2)),
         5_000,
         cpu,
     )

@@ -49,9 +49,15 @@ from devtools.speed_comparison import LOCAL_RESULTS  # noqa: E402
 from devtools.torchrl_matrix import MATRIX, NEWEST, TDMPC2, torchrl_requirements  # noqa: E402
 
 nox.options.reuse_existing_virtualenvs = True
-# nox looks for uv at every session and logs when it is missing; the sessions use pip,
-# so that line says nothing a user can act on.
-logging.getLogger("nox").addFilter(lambda record: record.getMessage() != "uv binary not found.")
+
+
+def _without_uv_notice(record: logging.LogRecord) -> bool:
+    """nox looks for uv at every session and logs when it is missing; the sessions use
+    pip, so that line says nothing a user can act on."""
+    return record.getMessage() != "uv binary not found."
+
+
+logging.getLogger("nox").addFilter(_without_uv_notice)
 nox.options.sessions = ["lint", "tests", "conformance", "conformance_extension"]
 
 # The torch requirement every session installs first (see the module docstring).

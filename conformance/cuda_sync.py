@@ -14,6 +14,12 @@ from typing import Callable
 import torch
 
 
+def synchronize(device: torch.device) -> None:
+    """Waits for ``device`` to finish what was queued on it (nothing to wait for off CUDA)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def count_host_synchronisations(operation: Callable[[], object], device=None) -> int:
     """Runs ``operation`` once and returns how many synchronising CUDA calls it made.
 

@@ -77,7 +77,7 @@ SWEEP_LINES = (
 )
 # What the floors are, said under the figure so that it reads without the README.
 FLOORS_CAPTION = (
-    "Red: stock TorchRL. Blue: with torchrl_fixes. Floors, timed in the same rounds on the "
+    "Floors, timed in the same rounds on the "
     "same storage: RandomSampler floor = a RandomSampler sample of the same batch "
     "(scattered rows; the slices read runs of rows, so they can cost less); gather floor = "
     "reading the sample's own rows, storage[index]."
@@ -354,8 +354,8 @@ def plot(report: Report | str | PathLike, path: str | PathLike) -> None:
     are ``sweep sample-after-write`` rows, a second panel draws those of the largest
     stored size against the trajectories stored, with one line per build and per
     floor (:data:`SWEEP_LINES`). Each build and floor has one colour in both panels
-    (:data:`SERIES_COLORS`), and the figure says what the floors are
-    (:data:`FLOORS_CAPTION`). Lines without a point are left out.
+    (:data:`SERIES_COLORS`), and under the sweep's panel the figure says what the
+    floors are (:data:`FLOORS_CAPTION`). Lines without a point are left out.
 
     Args:
         report: the parsed pytest-benchmark JSON or a path to it.
@@ -389,11 +389,11 @@ def plot(report: Report | str | PathLike, path: str | PathLike) -> None:
     FigureCanvasAgg(figure)
     header = run_header(report)
     figure.suptitle(f"{PLOT_TITLE}\n{header}" if header else PLOT_TITLE)
-    figure.supxlabel(textwrap.fill(FLOORS_CAPTION, 60 * panels + 20), fontsize="small")
     if lines:
         _draw_by_stored(figure.add_subplot(1, panels, 1), lines)
     if sweep:
         _draw_sweep(figure.add_subplot(1, panels, panels), *sweep)
+        figure.supxlabel(textwrap.fill(FLOORS_CAPTION, 60 * panels + 20), fontsize="small")
     figure.savefig(path, format="png", dpi=150)
 
 

@@ -62,10 +62,11 @@ from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, ReplayBuffer, SliceSampler, TensorDictReplayBuffer
 
 import torchrl_fixes
-from conformance.cuda_sync import count_host_synchronisations
+from conformance.cuda_sync import count_host_synchronisations, synchronize
 from conformance.speed_report import format_seconds
 from conformance.speed_rows import case_rows
 from conformance.speed_sizes import Case
+from conformance.timing_in_turn import VARIANTS
 from devtools import tdmpc2_loop
 from devtools.pinned_sample_report import compare_pinned_samples
 from torchrl_fixes._core.versions import installed_version
@@ -85,7 +86,6 @@ FILL_CHUNK = 1_000_000
 # Stored transitions per buffer: on a CUDA device, and in the dry run on the CPU.
 CUDA_SIZES = (1_000_000, 10_000_000)
 DRY_RUN_SIZES = (10_000, 100_000)
-VARIANTS = ("stock", "patched")
 # The entry each trajectory key of the seed-table sampler reads, as the report names it.
 KEYS = {"episode": "episode ids", "done": "done flags"}
 
@@ -172,12 +172,6 @@ def resolve_device(name: str) -> torch.device:
             f"cuda:0 to cuda:{count - 1}"
         )
     return torch.device("cuda", index)
-
-
-def synchronize(device: torch.device) -> None:
-    """Waits for ``device`` to finish what was queued on it (nothing to wait for on the CPU)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 # ---------------------------------------------------------------------------
@@ -373,7 +367,8 @@ def header(device: torch.device, plan: Plan) -> str:
     versions = ", ".join(
         f"{package} {installed_version(package) or 'unknown'}" for package in ("torchrl", "tensordict")
     )
-    applied = ", ".join(row.name for row in torchrl_fixes.status() if row.applied) or "none"
+    status = torchrl_fixes.status()
+    applied = ", ".join(row.name for row in status if row.applied) or "none"
     return "\n".join(
         [
             "# GPU check: stock TorchRL against torchrl_fixes",
@@ -384,7 +379,7 @@ def header(device: torch.device, plan: Plan) -> str:
             f"{', '.join(size(n) for n in plan.sizes)}. Fixes applied: {applied}.",
             "",
             "```",
-            str(torchrl_fixes.status()),
+            str(status),
             "```",
         ]
     )
@@ -437,11 +432,14 @@ class PytestRun:
         return self.returncode == 0
 
 
-def run_cuda_tests(out: Path, timeout: float = PYTEST_TIMEOUT_S) -> PytestRun:
+def run_cuda_tests(
+    out: Path, device: torch.device, timeout: float = PYTEST_TIMEOUT_S
+) -> PytestRun:
     """``pytest -m cuda`` over ``tests/`` and ``conformance/``, with the fixes, in its own process.
 
     Its output goes to ``out/pytest-cuda.txt`` as it comes, so that a run stopped at
-    ``timeout`` seconds keeps what it printed.
+    ``timeout`` seconds keeps what it printed. With ``device`` the CPU (the dry run),
+    the tests see no CUDA device, as on a machine without one.
     """
     command = [
         sys.executable, "-m", "pytest", "-m", "cuda", "tests", "conformance",
@@ -453,6 +451,8 @@ def run_cuda_tests(out: Path, timeout: float = PYTEST_TIMEOUT_S) -> PytestRun:
     ]
     env = dict(os.environ)
     env.pop("TORCHRL_FIXES", None)  # every fix applied
+    if device.type != "cuda":
+        env["CUDA_VISIBLE_DEVICES"] = ""
     start = time.perf_counter()
     with open(out / PYTEST_OUTPUT, "w") as log:
         process = subprocess.Popen(
@@ -629,7 +629,7 @@ def run(device: torch.device, plan: Plan, out: Path) -> int:
 
     write()
     print(f"{PROG}: pytest -m cuda over tests/ and conformance/ ...", flush=True)
-    tests = run_cuda_tests(out)
+    tests = run_cuda_tests(out, device)
     sections.append(pytest_section(tests))
     write()
     failed = not tests.passed
@@ -651,6 +651,7 @@ def run(device: torch.device, plan: Plan, out: Path) -> int:
                 sections.append(section(device, plan))
             except Exception:  # noqa: BLE001 - reported; the steps after it still run
                 failed = True
+                _release(device)  # what the failed step held, an out-of-memory one above all
                 sections.append(f"## {title}: failed\n\n```\n{traceback.format_exc()}```")
             print(f"{PROG}: {title}: {time.perf_counter() - start:.0f} s", flush=True)
             write()

@@ -25,6 +25,7 @@ import torch
 from tensordict import TensorDict
 
 import torchrl_fixes
+from conformance.cuda_sync import synchronize
 from conformance.slice_scenarios import TDMPC2_HORIZON, tdmpc2_buffer
 from torchrl_fixes._core.versions import installed_version
 
@@ -124,10 +125,10 @@ def run(
         for name in order:
             rb = buffers[name]
             for _ in range(samples_per_episode):
+                synchronize(device)  # the write before it is not the sample's time
                 start = time.perf_counter()
                 sample = rb.sample()
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
+                synchronize(device)
                 times[name].append(time.perf_counter() - start)
                 check_slices(sample)
                 checked += 1

@@ -286,16 +286,21 @@ class StatusReport(list):
         lines = [f"torchrl {self.torchrl}, tensordict {self.tensordict}"]
         for row in (header, *rows):
             lines.append("  ".join(str(x).ljust(w) for x, w in zip(row, widths)).rstrip())
-        # the prose lines are folded to the terminal, indented under their first line
-        width = max(shutil.get_terminal_size().columns, 40)
+        # the prose lines are folded to the terminal, between words, under their first line
+        fold = functools.partial(
+            textwrap.fill,
+            width=max(shutil.get_terminal_size().columns, 40),
+            break_long_words=False,
+            break_on_hyphens=False,
+        )
         notes = [
-            textwrap.fill(f"{r.name}: {r.fallbacks}", width, initial_indent="  ", subsequent_indent="    ")
+            fold(f"{r.name}: {r.fallbacks}", initial_indent="  ", subsequent_indent="    ")
             for r in self
             if r.applied and r.fallbacks
         ]
         if notes:
             lines += ["stock code still runs for:", *notes]
-        lines += [textwrap.fill(f"note: {note}", width, subsequent_indent="  ") for note in self.notes]
+        lines += [fold(f"note: {note}", subsequent_indent="  ") for note in self.notes]
         return "\n".join(lines)
 
 

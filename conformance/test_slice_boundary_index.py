@@ -306,6 +306,29 @@ RANDOM_SETUPS = [
         buffer="ReplayBuffer",
     ),
     SliceSetup(sampler="PrioritizedSliceSampler", storage="tensor", keys="end_key"),
+    # trajectories too short for some slices: kept out (strict) or clamped (not strict)
+    SliceSetup(
+        sampler="SliceSamplerWithoutReplacement",
+        storage="tensor",
+        keys="end_key",
+        options=(("slice_len", 5),),
+        batch_size=20,
+    ),
+    SliceSetup(
+        sampler="SliceSamplerWithoutReplacement",
+        storage="ndim2",
+        keys="traj_key",
+        strict_length=False,
+        options=(("slice_len", 5),),
+        batch_size=20,
+    ),
+    SliceSetup(
+        sampler="SliceSampler",
+        storage="tensor",
+        keys="end_key",
+        options=(("slice_len", 5), ("span", True)),
+        batch_size=20,
+    ),
 ]
 
 

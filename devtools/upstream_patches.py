@@ -51,6 +51,8 @@ HOMES = {
     f"{_SBI}.storage_index": f"{RB}/storage_index.py",
     f"{_SBI}.slice_boundaries": f"{RB}/samplers/_slice_boundaries.py",
     f"{_SBI}.slice_sampling": f"{RB}/samplers/_slice_sampling.py",
+    f"{_SBI}.slice_without_replacement": f"{RB}/samplers/slice_without_replacement.py",
+    f"{_SBI}.slice_lengths": f"{RB}/utils.py",
 }
 # upstream/<path> (tests, benchmarks) -> the pull request that adds it at <path> in pytorch/rl.
 UPSTREAM_FILES = {
@@ -60,8 +62,14 @@ UPSTREAM_FILES = {
     "test/rb/test_trajectory_index.py": "0003-trajectory-index",
     "test/rb/test_storage_index.py": "0004-slice-boundaries-from-index",
     "test/rb/test_slice_sampler_index.py": "0004-slice-boundaries-from-index",
+    "benchmarks/_slice_sampler_buffers.py": "0004-slice-boundaries-from-index",
     "benchmarks/test_slice_sampler_index_benchmark.py": "0004-slice-boundaries-from-index",
+    "test/rb/_slice_sampler_common.py": "0005-slice-draw-from-index",
     "test/rb/test_slice_sampler_draw.py": "0005-slice-draw-from-index",
+    "test/rb/test_slice_sampler_without_replacement_draw.py": "0006-slice-without-replacement-from-index",
+    "benchmarks/test_slice_sampler_without_replacement_benchmark.py": "0006-slice-without-replacement-from-index",
+    "test/rb/test_slice_sampler_lengths.py": "0007-variable-length-slices",
+    "benchmarks/test_slice_sampler_span_benchmark.py": "0007-variable-length-slices",
 }
 
 # The changes of a pull request: the runtime module ``source`` copied to its home (HOMES);
@@ -101,6 +109,11 @@ def _reached(module, *texts: str) -> tuple:
     return tuple(reached)
 
 
+def _called(module, edited: list[str]) -> list[str]:
+    """The lines importing the functions of ``module`` that the ``edited`` texts call, sorted."""
+    return sorted(f"    {name}," for name, *_ in _reached(module, *edited) if name in re.findall(r"\w+", "".join(edited)))
+
+
 def _after(path: str, scope: str | None, anchor: str, *lines: str) -> Edit:
     """``lines`` written after ``anchor`` in ``scope`` of ``path`` (an import: usort files it)."""
     return Edit(path, scope, ((anchor, anchor + "".join(line + "\n" for line in lines)),))
@@ -111,14 +124,13 @@ def _pinned_sample_output() -> list:
 
     utils, buffer = f"{RB}/utils.py", f"{RB}/replay_buffers/tensordict.py"
     edited = [new for _, new in fix.SAMPLE_EDITS]
-    called = sorted(f"    {name}," for name, *_ in _reached(fix, *edited) if name in re.findall(r"\w+", "".join(edited)))
     return [
         # pin_memory_output and what it calls; a stock function of the same name is replaced
         Functions(utils, _reached(fix, "pin_memory_output", *edited), before="pin_memory_output"),
         Edit(utils, "_pins_memory", (("category=PinMemoryUnavailableWarning", "category=UserWarning"),)),
         _after(utils, None, "\nimport torch\n", "import functools", "import warnings", "from tensordict import is_tensor_collection"),
         Edit(buffer, "TensorDictReplayBuffer.sample", fix.SAMPLE_EDITS),
-        _after(buffer, None, "from torchrl.data.replay_buffers.utils import (\n", *called),  # what the edits call
+        _after(buffer, None, "from torchrl.data.replay_buffers.utils import (\n", *_called(fix, edited)),
     ]
 
 
@@ -146,8 +158,9 @@ def _single_gather() -> list:
     ]
 
 
-# The hook lines of 0004 and 0005 mirror the runtime wrappers (slice_boundary_index/__init__.py) named beside them.
+# The hook lines of 0004 to 0006 mirror the runtime wrappers (slice_boundary_index/__init__.py) named beside them.
 _SLICE, _TENSOR = f"{RB}/samplers/slice.py", f"{RB}/storages/tensor.py"
+_SWR = f"{RB}/samplers/slice_without_replacement.py"
 # SliceSampler's docstring: what cache_values means now
 _CACHE_VALUES = ("""\
         cache_values (bool, optional): to be used with static datasets.
@@ -199,12 +212,43 @@ def _slice_draw_from_index() -> list:
     ]
 
 
+def _slice_without_replacement_from_index() -> list:
+    from torchrl_fixes.fixes.slice_boundary_index import slice_without_replacement as fix
+
+    # beside the sampler it serves, which imports SamplerWithoutReplacement already
+    return [
+        Functions(_SWR, _reached(fix, "_sample_without_replacement_from_index"), before="SliceSamplerWithoutReplacement"),
+        _after(_SWR, "SliceSamplerWithoutReplacement.sample",  # sample_without_replacement_from_index
+               ") -> tuple[tuple[torch.Tensor, ...], dict]:\n",
+               "    sampled = _sample_without_replacement_from_index(self, storage, batch_size)",
+               "    if sampled is not None:", "        return sampled"),
+        Edit(_SWR, None, (("\nimport torch\n", "\nimport numpy as np\nimport torch\n"),)),  # the blank line stays above
+        _after(_SWR, None, "from .slice import SliceSampler\n",
+               "from torchrl.data.replay_buffers.samplers._slice_sampling import (",
+               "    _slice_request,", "    _slices_of_drawn,", "    _warn_if_short,", ")"),
+    ]
+
+
+def _variable_length_slices() -> list:
+    from torchrl_fixes.fixes.slice_boundary_index import slice_lengths as fix
+
+    edited = [new for _, new in fix.TENSOR_SLICES_EDITS]
+    # a tensor helper among utils.py's (after unravel_index and tree_iter), away from 0001's and 0002's code
+    return [
+        Functions(f"{RB}/utils.py", _reached(fix, *edited), before="_auto_device"),
+        Edit(_SLICE, "SliceSampler._tensor_slices_from_startend", fix.TENSOR_SLICES_EDITS),
+        _after(_SLICE, None, "from torchrl.data.replay_buffers.utils import (\n", *_called(fix, edited)),
+    ]
+
+
 PRS = (
     PR("0001-pinned-sample-output", _pinned_sample_output),
     PR("0002-single-gather", _single_gather, "single_gather"),
     PR("0003-trajectory-index", lambda: [Module(f"{_SBI}.trajectory_index")]),
     PR("0004-slice-boundaries-from-index", _slice_boundaries_from_index, "slice_boundary_index"),
     PR("0005-slice-draw-from-index", _slice_draw_from_index),
+    PR("0006-slice-without-replacement-from-index", _slice_without_replacement_from_index),
+    PR("0007-variable-length-slices", _variable_length_slices),
 )
 
 

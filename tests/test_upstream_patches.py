@@ -190,16 +190,19 @@ def _method(path: Path, qualname: str) -> str:
 def test_edited_methods_are_the_runtime_methods(patched):
     """Where the runtime puts a stock method's own source with edits in its place
     (derive_from_source), the series holds the same code."""
-    from torchrl_fixes.fixes import pinned_sample_output, single_gather
+    from torchrl_fixes.fixes import pinned_sample_output, single_gather, slice_boundary_index
 
     with torchrl_fixes.disabled():  # planned against stock code, as when applied
         plans = {**_plan(pinned_sample_output.PinnedSampleOutput()), **_plan(single_gather.SingleGather())}
+        derived = _plan(slice_boundary_index.SliceBoundaryIndex())["SliceSampler._tensor_slices_from_startend"]
+    plans["SliceSampler._tensor_slices_from_startend"] = derived  # the others it plans are wrappers
     rb = patched / upstream_patches.RB
     for path, qualname in [
         ("replay_buffers/tensordict.py", "TensorDictReplayBuffer.sample"),
         ("samplers/slice.py", "SliceSampler._finalize_index"),
         ("samplers/prioritized_slice.py", "PrioritizedSliceSampler.sample"),
         ("samplers/streaming_slice.py", "StreamingSliceSampler.mark_update"),
+        ("samplers/slice.py", "SliceSampler._tensor_slices_from_startend"),
     ]:
         runtime = ast.parse(textwrap.dedent(inspect.getsource(plans[qualname]))).body[0]
         assert _method(rb / path, qualname) == ast.dump(runtime), qualname

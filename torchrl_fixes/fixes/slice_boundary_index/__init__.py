@@ -14,7 +14,11 @@ records the cursor of each write, and the next sample reads the boundary signal 
 those rows only. ``SliceSampler.sample`` draws its trajectories from the index with
 stock's own draw and hands them to the sampler's code (:mod:`~.slice_sampling`):
 ``O(batch)`` per sample plus ``O(k)`` per ``k`` rows written.
-``SliceSampler._get_stop_and_length`` is served from the same index. The
+``SliceSamplerWithoutReplacement.sample`` takes its trajectories from its own
+permutation of the index's (:mod:`~.slice_without_replacement`), and slices of
+different lengths (a span, ``strict_length=False``) are indexed at once
+(:mod:`~.slice_lengths`). ``SliceSampler._get_stop_and_length`` is served from the
+same index. The
 boundaries are exactly stock's whatever ``cache_values`` says, and never stale: any
 change the index did not record (another mutation path, another process, an
 in-place write through a view of a column) moves the storage's mutation revision or
@@ -36,9 +40,18 @@ import torch
 from packaging.specifiers import SpecifierSet
 
 from torchrl_fixes._core.errors import TargetChanged
-from torchrl_fixes._core.patching import defining_class, Replacement, wrap
+from torchrl_fixes._core.patching import (
+    defining_class,
+    derive_from_source,
+    Replacement,
+    wrap,
+)
 from torchrl_fixes._core.registry import Fix, Target
 from torchrl_fixes.fixes.slice_boundary_index import mutation_revision
+from torchrl_fixes.fixes.slice_boundary_index.slice_lengths import (
+    _slices_of_lengths,
+    TENSOR_SLICES_EDITS,
+)
 from torchrl_fixes.fixes.slice_boundary_index.storage_index import (
     _version,
     storage_state,
@@ -47,7 +60,10 @@ from torchrl_fixes.fixes.slice_boundary_index.storage_index import (
 
 try:
     from torchrl.data.replay_buffers import storages
-    from torchrl.data.replay_buffers.samplers import SliceSampler
+    from torchrl.data.replay_buffers.samplers import (
+        SliceSampler,
+        SliceSamplerWithoutReplacement,
+    )
     from torchrl.data.replay_buffers.storages import Storage, TensorStorage
 
     # these import TorchRL's storages too
@@ -58,6 +74,9 @@ try:
     )
     from torchrl_fixes.fixes.slice_boundary_index.slice_sampling import (
         _sample_from_index,
+    )
+    from torchrl_fixes.fixes.slice_boundary_index.slice_without_replacement import (
+        _sample_without_replacement_from_index,
     )
 except ImportError as err:  # a TorchRL whose layout this fix does not know
     _IMPORT_ERROR = err
@@ -103,14 +122,25 @@ def stop_and_length_from_index(wrapped, instance, args, kwargs):
 
 def sample_from_index(wrapped, instance, args, kwargs):
     """``SliceSampler.sample``, drawn from the storage's index first."""
-    storage, batch_size = (
-        *args,
-        *(kwargs[k] for k in ("storage", "batch_size")[len(args) :]),
-    )
+    storage, batch_size = _storage_and_batch_size(args, kwargs)
     sampled = None
     if _sees_every_write(storage):
         sampled = _sample_from_index(instance, storage, batch_size)
     return wrapped(*args, **kwargs) if sampled is None else sampled
+
+
+def sample_without_replacement_from_index(wrapped, instance, args, kwargs):
+    """``SliceSamplerWithoutReplacement.sample``, drawn from the storage's index first."""
+    storage, batch_size = _storage_and_batch_size(args, kwargs)
+    sampled = None
+    if _sees_every_write(storage):
+        sampled = _sample_without_replacement_from_index(instance, storage, batch_size)
+    return wrapped(*args, **kwargs) if sampled is None else sampled
+
+
+def _storage_and_batch_size(args, kwargs) -> tuple:
+    """The ``storage`` and ``batch_size`` arguments of a sampler's ``sample``."""
+    return (*args, *(kwargs[k] for k in ("storage", "batch_size")[len(args) :]))
 
 
 def _sees_every_write(storage) -> bool:
@@ -170,6 +200,16 @@ class SliceBoundaryIndex(Fix):
             installs="wrapped: the same draw, made in the storage's index",
         ),
         Target(
+            "torchrl.data.replay_buffers.samplers.SliceSamplerWithoutReplacement",
+            "sample",
+            {
+                "8219fd3244f97320": "0.8.1 to 0.14.1",
+                "c03dd910716be9ab": "torchrl-nightly 2026.10.27",
+            },
+            installs="wrapped: the same permutation, its trajectories found in the "
+            "storage's index",
+        ),
+        Target(
             "torchrl.data.replay_buffers.samplers.SliceSampler",
             "_sample_slices",
             {
@@ -178,6 +218,13 @@ class SliceBoundaryIndex(Fix):
                 "663b6d9541cba49e": "torchrl-nightly 2026.10.27",
             },
             installs="relied on unchanged: it gets the drawn trajectories",
+        ),
+        Target(
+            "torchrl.data.replay_buffers.samplers.SliceSampler",
+            "_tensor_slices_from_startend",
+            {"17bb2e739b8eedcd": "0.8.1 to 0.14.1, torchrl-nightly 2026.10.27"},
+            installs="its own source with slices of different lengths indexed at "
+            "once (TENSOR_SLICES_EDITS)",
         ),
         # TensorStorage.set, Storage.__getstate__ and SliceSampler.__init__ are
         # wrapped whatever their code; before 0.14 the mutation revision is
@@ -194,8 +241,7 @@ class SliceBoundaryIndex(Fix):
             raise TargetChanged(
                 f"cannot import TorchRL's samplers and storages ({_IMPORT_ERROR})"
             )
-        for target in self.implements:
-            target.stock()
+        stock = {target.path: target.stock() for target in self.implements}
         if defining_class(TensorStorage, "set") is not TensorStorage:
             raise TargetChanged("TensorStorage.set is not defined on TensorStorage")
         init = vars(SliceSampler)["__init__"]
@@ -207,6 +253,11 @@ class SliceBoundaryIndex(Fix):
             (SliceSampler, "__init__", note_default_keys),
             (SliceSampler, "_get_stop_and_length", stop_and_length_from_index),
             (SliceSampler, "sample", sample_from_index),
+            (
+                SliceSamplerWithoutReplacement,
+                "sample",
+                sample_without_replacement_from_index,
+            ),
         ]
         if _backports_mutation_revision():
             # the revision moves once set has written, before its rows are recorded
@@ -223,6 +274,14 @@ class SliceBoundaryIndex(Fix):
                 raise TargetChanged(f"{owner.__name__}.{name} is missing")
             methods[owner, name] = wrap(method, hook)
         replacements = [Replacement(*key, method) for key, method in methods.items()]
+        slices = derive_from_source(
+            stock["SliceSampler._tensor_slices_from_startend"],
+            TENSOR_SLICES_EDITS,
+            _slices_of_lengths=_slices_of_lengths,
+        )
+        replacements.append(
+            Replacement(SliceSampler, "_tensor_slices_from_startend", slices)
+        )
         if _backports_mutation_revision():
             replacements += [
                 Replacement(

@@ -26,15 +26,10 @@ def _sample_from_index(sampler, storage, batch_size: int):
     them where none is too short, or with ``strict_length=False``), then
     ``_sample_slices`` on the drawn trajectories alone.
     """
-    if _overrides(sampler, "_get_stop_and_length", "_sample_slices", "_get_index"):
+    request = _slice_request(sampler, storage, batch_size)
+    if request is None:
         return None
-    found = _current_index(sampler, storage)
-    if found is None:
-        return None
-    index, device = found
-    if sampler._batch_size_multiplier is not None:
-        batch_size = batch_size * sampler._batch_size_multiplier
-    seq_length, num_slices = sampler._adjusted_batch_size(batch_size)
+    index, device, batch_size, seq_length, num_slices = request
     too_short = index.count(seq_length) < index.count()
     min_length = seq_length if too_short and sampler.strict_length else 1
     count = index.count(min_length)
@@ -45,29 +40,73 @@ def _sample_from_index(sampler, storage, batch_size: int):
     )
     rows = index.select(traj_idx.cpu().numpy(), min_length)
     clamped = too_short and not sampler.strict_length
-    if not clamped and _one_length(sampler):
-        sampled = _slices_of_one_length(
-            sampler, rows, seq_length, index, device, storage
-        )
-    else:
-        start_idx, stop_idx, lengths = _as_tensors(rows, device)
-        if clamped:  # _sample_slices clamps where any is too short: one, never drawn
-            start_idx, stop_idx = (torch.cat([t, t[:1]]) for t in (start_idx, stop_idx))
-            lengths = torch.cat([lengths, lengths.new_ones(1)])
-        sampled = sampler._sample_slices(
-            lengths,
-            start_idx,
-            stop_idx,
-            seq_length,
-            num_slices,
-            storage_length=index.state[0],
-            traj_idx=torch.arange(num_slices, device=device),
-            storage=storage,
-        )
+    sampled = _slices_of_drawn(
+        sampler, rows, seq_length, index, device, storage, 1 if clamped else None
+    )
+    _warn_if_short(sampler, sampled, batch_size)
+    return sampled
+
+
+def _slice_request(sampler, storage, batch_size: int):
+    """What a sample of ``batch_size`` rows asks of the storage's index, or None (stock code).
+
+    Returns:
+        ``(index, device, batch_size, seq_length, num_slices)``: the index and its
+        columns' device (:func:`_current_index`), the batch size as the sampler's
+        multiplier makes it, and its slices (``_adjusted_batch_size``).
+    """
+    if _overrides(sampler, "_get_stop_and_length", "_sample_slices", "_get_index"):
+        return None
+    found = _current_index(sampler, storage)
+    if found is None:
+        return None
+    if sampler._batch_size_multiplier is not None:
+        batch_size = batch_size * sampler._batch_size_multiplier
+    return (*found, batch_size, *sampler._adjusted_batch_size(batch_size))
+
+
+def _warn_if_short(sampler, sampled, batch_size: int) -> None:
+    """Warns as the sampler does where it returns fewer rows than asked (TorchRL main)."""
     warn_if_short = getattr(sampler, "_warn_if_short_batch", None)
     if warn_if_short is not None:
         warn_if_short(sampled[0], batch_size)
-    return sampled
+
+
+def _slices_of_drawn(sampler, rows, seq_length, index, device, storage, padding=None):
+    """What ``_sample_slices`` returns for the drawn trajectories ``rows``, in their order.
+
+    Args:
+        sampler (SliceSampler): the sampler.
+        rows (tuple): the drawn trajectories, as :meth:`TrajectoryIndex.select`
+            gives them: one slice is taken from each.
+        seq_length (int): the length of the slices.
+        index (TrajectoryIndex): the storage's index.
+        device (torch.device): where the sampler's tensors are.
+        storage (Storage): the storage sampled.
+        padding (int, optional): the length of one more trajectory, never drawn,
+            handed to ``_sample_slices`` after the drawn ones: shorter than
+            ``seq_length``, it makes ``_sample_slices`` clamp the slices to the
+            drawn trajectories' lengths (``strict_length=False``); at least
+            ``seq_length``, it lets ``_sample_slices`` drop the drawn ones too short
+            (``strict_length=True``) as it drops them among all. Defaults to none.
+    """
+    if padding is None and _one_length(sampler):
+        return _slices_of_one_length(sampler, rows, seq_length, index, device, storage)
+    start_idx, stop_idx, lengths = _as_tensors(rows, device)
+    drawn = lengths.numel()
+    if padding is not None:
+        start_idx, stop_idx = (torch.cat([t, t[:1]]) for t in (start_idx, stop_idx))
+        lengths = torch.cat([lengths, lengths.new_full((1,), padding)])
+    return sampler._sample_slices(
+        lengths,
+        start_idx,
+        stop_idx,
+        seq_length,
+        drawn,
+        storage_length=index.state[0],
+        traj_idx=torch.arange(drawn, device=device),
+        storage=storage,
+    )
 
 
 def _one_length(sampler) -> bool:

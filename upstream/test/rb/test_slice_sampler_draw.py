@@ -14,7 +14,7 @@ import argparse
 
 import pytest
 import torch
-from tensordict import TensorDict
+from _slice_sampler_common import assert_same_sample, count_calls, slice_steps
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 from torchrl.data.replay_buffers.samplers import SliceSampler
 
@@ -33,40 +33,6 @@ class _StockSliceSampler(SliceSampler):
     def _find_start_stop_traj(self, *args, **kwargs):
         self.recoveries += 1
         return super()._find_start_stop_traj(*args, **kwargs)
-
-
-def _steps(start, rows, lanes=None):
-    """``rows`` steps from ``start`` on, in episodes of 1 to 12 steps."""
-    generator = torch.Generator().manual_seed(start)
-    shape = (rows,) if lanes is None else (rows, lanes)
-    done = torch.rand(shape, generator=generator) < 0.15
-    episode = done.long().cumsum(0) - done.long() + 1_000 * start
-    if lanes is not None:
-        episode = episode * lanes + torch.arange(lanes)
-    return TensorDict(
-        {
-            "obs": torch.randn(shape),
-            "episode": episode,
-            ("next", "done"): done[..., None],
-        },
-        shape,
-    )
-
-
-def _tensors(sample):
-    """Every tensor of ``(data, info)`` with where it is: the data's entries, then the info's."""
-    data, info = sample
-    found = [(key, data.get(key)) for key in sorted(data.keys(True, True), key=str)]
-    for key, value in sorted(info.items(), key=str):
-        values = value if isinstance(value, tuple) else (value,)
-        found += [((key, i), v) for i, v in enumerate(values)]
-    return found
-
-
-def _assert_same_sample(got, expected, where):
-    got, expected = _tensors(got), _tensors(expected)
-    assert [(k, t.dtype) for k, t in got] == [(k, t.dtype) for k, t in expected], where
-    assert all(torch.equal(g, e) for (_, g), (_, e) in zip(got, expected)), where
 
 
 _SAMPLERS = {
@@ -89,24 +55,21 @@ class TestSliceSamplerDraw:
             )
             for cls in (SliceSampler, _StockSliceSampler)
         )
-        rb.extend(_steps(0, 150, lanes))
+        rb.extend(slice_steps(0, 150, lanes))
         rb.sample()  # the storage's index is made at the first sample
-        listed = []
-        get_stop_and_length = SliceSampler._get_stop_and_length
-
-        def counted(sampler, *args, **kwargs):
-            listed.append(type(sampler))
-            return get_stop_and_length(sampler, *args, **kwargs)
-
-        monkeypatch.setattr(SliceSampler, "_get_stop_and_length", counted)
-        for seed, start in enumerate(range(150, 1_000, 85)):  # fills, then wraps
-            rb.extend(_steps(start, 85, lanes))
+        listed = count_calls(monkeypatch, SliceSampler, "_get_stop_and_length")
+        samples = list(enumerate(range(150, 1_000, 85)))
+        for seed, start in samples:  # fills, then wraps
+            rb.extend(slice_steps(start, 85, lanes))
             torch.manual_seed(seed)
             got = rb.sample(return_info=True)
             torch.manual_seed(seed)
-            _assert_same_sample(got, stock.sample(return_info=True), f"sample {seed}")
-        assert SliceSampler not in listed
-        assert stock.sampler.recoveries >= len(listed)
+            assert_same_sample(got, stock.sample(return_info=True), f"sample {seed}")
+        # only the reference listed the trajectories, down the whole-storage
+        # recovery, once a sample
+        assert len(listed) == len(samples)
+        assert set(listed) == {_StockSliceSampler}
+        assert stock.sampler.recoveries == len(listed)
 
 
 if __name__ == "__main__":

@@ -32,8 +32,11 @@ ROW_BYTES = {
     ("online", "done"): 16 + 8 + 1 + 1,
     ("sweep", "done"): 16 + 8 + 1 + 1,
     ("tdmpc2", "episode"): 4 + 8,
+    ("family", "done"): 4 + 1,
 }
 TDMPC2_EPISODE_LEN = 500
+# The layouts whose scenarios name their episodes' length, which is theirs to set.
+EPISODES_NAMED = ("sweep", "family")
 
 
 @dataclass(frozen=True)
@@ -51,14 +54,14 @@ class Case:
 
     @property
     def id(self) -> str:
-        mode = "" if self.mode == "room" else f"-{self.mode}"
-        if self.mode == "sweep":
-            mode = f"-episode{self.episode_len}"
+        mode = "" if self.mode in ("room", "sweep") else f"-{self.mode}"
+        if self.layout in EPISODES_NAMED:
+            mode += f"-episode{self.episode_len}"
         return f"{self.key}-{size(self.stored)}-{size(self.capacity)}{mode}"
 
     def scenario(self, operation: str) -> str:
         scenario = f"{operation} {self.key} {size(self.stored)}/{size(self.capacity)}"
-        if self.mode == "sweep":
+        if self.layout in EPISODES_NAMED:
             scenario += f", {self.episode_len}-step episodes"
         return scenario
 
@@ -128,6 +131,28 @@ USE_GPU = [
     Case("online", "done", 2_000_000, 3_000_000, rounds=30, mode="use_gpu"),
     Case("online", "done", 10_000_000, 15_000_000, rounds=15, scale="report", mode="use_gpu"),
 ]
+# SliceSampler's siblings (the "family" layout: the seed table's rows, done flags, 64
+# slices of 4), each case's mode naming its sampler, and the operation its row
+# times, beside its floors: SliceSamplerWithoutReplacement (whose value cache is
+# always on) on a static buffer, as it draws a new permutation of the trajectories
+# whenever their number changes, as stock does; SliceSampler(span=True) and
+# SliceSampler(strict_length=False) (no value cache), whose slices have several
+# lengths, right after a write. Episodes of 10 steps: 100k trajectories at 1M
+# stored, 500k at 5M.
+FAMILY_OPERATIONS = {
+    "without_replacement": "without_replacement",
+    "span": "span sample-after-write",
+    "not_strict": "not_strict sample-after-write",
+}
+FAMILY_EPISODE_LEN = 10
+FAMILY = [
+    Case(
+        "family", "done", stored, capacity, rounds=30, scale=scale,
+        episode_len=FAMILY_EPISODE_LEN, mode=mode,
+    )
+    for stored, capacity, scale in ((1_000_000, 1_200_000, "ci"), (5_000_000, 6_000_000, "report"))
+    for mode in FAMILY_OPERATIONS
+]
 EXTEND = [
     *(Case("online", k, 1_000_000, 1_500_000, rounds=200) for k in KEYS),
     *(Case("online", k, 1_000_000, 1_000_000, rounds=200, mode="wrap") for k in KEYS),
@@ -145,6 +170,10 @@ OPERATIONS = {
     "extend": (EXTEND, ("extend",)),
     "sweep": (SWEEP, ("sweep sample-after-write",)),
     "use_gpu": (USE_GPU, ("use_gpu sample-after-write",)),
+    **{
+        mode: ([case for case in FAMILY if case.mode == mode], (operation,))
+        for mode, operation in FAMILY_OPERATIONS.items()
+    },
 }
 
 
@@ -158,12 +187,13 @@ def memory_for_scale(scale: str) -> int:
     """The most memory one benchmark of ``scale`` holds at once, in bytes.
 
     The benchmarks of :data:`SEED_TABLE`, :data:`ONLINE`, :data:`TDMPC2`,
-    :data:`EXTEND`, :data:`SWEEP` and :data:`USE_GPU` keep both variants' buffers side by side;
+    :data:`EXTEND`, :data:`SWEEP`, :data:`USE_GPU` and :data:`FAMILY` keep both variants'
+    buffers side by side;
     a ``cold first sample`` builds one buffer at a time.
     """
     side_by_side = [
         case.memory_needed(len(VARIANTS))
-        for cases in (SEED_TABLE, ONLINE, TDMPC2, EXTEND, SWEEP, USE_GPU)
+        for cases in (SEED_TABLE, ONLINE, TDMPC2, EXTEND, SWEEP, USE_GPU, FAMILY)
         for case in cases_at(cases, scale)
     ]
     one_at_a_time = [case.memory_needed() for case in cases_at(COLD, scale)]

@@ -29,6 +29,11 @@ Groups:
 - ``use_gpu sample-after-write``: the online sample after a write by a
   ``SliceSampler(use_gpu=True)`` (the CPU where there is no accelerator, a GPU
   over this CPU storage where there is one), with its floors.
+- ``without_replacement``, ``span sample-after-write``, ``not_strict
+  sample-after-write``: SliceSampler's siblings (64 slices of 4, done flags, 10-step
+  episodes), with their floors: ``SliceSamplerWithoutReplacement`` on a static
+  buffer, ``SliceSampler(span=True)`` and ``SliceSampler(strict_length=False)``
+  right after a write.
 
 The floors, timed in the same rounds as the two variants, on the patched buffer's
 storage: a ``RandomSampler`` sample of the same batch (``floor_median_s``: what
@@ -61,6 +66,7 @@ from torchrl.data import (
     RandomSampler,
     ReplayBuffer,
     SliceSampler,
+    SliceSamplerWithoutReplacement,
     Storage,
     TensorDictReplayBuffer,
 )
@@ -73,6 +79,8 @@ from conformance.speed_rows import case_rows
 from conformance.speed_sizes import (
     COLD,
     EXTEND,
+    FAMILY,
+    FAMILY_OPERATIONS,
     ONLINE,
     SEED_TABLE,
     SWEEP,
@@ -106,6 +114,7 @@ def pytest_generate_tests(metafunc):
         ("cold_case", COLD),
         ("sweep_pair", SWEEP),
         ("use_gpu_pair", USE_GPU),
+        ("family_pair", FAMILY),
     ):
         if name in metafunc.fixturenames:
             metafunc.parametrize(name, _params(cases_at(cases, scale)), indirect=True)
@@ -151,7 +160,23 @@ def _make_buffer(case: Case, device: torch.device):
         )
     if case.layout == "tdmpc2":
         return tdmpc2_buffer(case.capacity)
+    if case.layout == "family":
+        return ReplayBuffer(
+            storage=LazyTensorStorage(case.capacity), sampler=_family_sampler(case), batch_size=256
+        )
     raise ValueError(case.layout)
+
+
+def _family_sampler(case: Case):
+    """The sibling of ``SliceSampler`` that ``case.mode`` names, drawing 64 slices."""
+    kwargs = {"num_slices": 64, "truncated_key": None, **_key_kwargs(case)}
+    if case.mode == "without_replacement":
+        return SliceSamplerWithoutReplacement(**kwargs)
+    if case.mode == "span":
+        return SliceSampler(span=True, **kwargs)
+    if case.mode == "not_strict":
+        return SliceSampler(strict_length=False, **kwargs)
+    raise ValueError(case.mode)
 
 
 def _require_memory(case: Case, buffers: int = 1) -> None:
@@ -262,6 +287,13 @@ def use_gpu_pair(request):
     yield from _filled_pair(request)
 
 
+@pytest.fixture(scope="module")
+def family_pair(request):
+    """Buffers whose sampler is one of SliceSampler's siblings, stock and patched, filled
+    and sampled once."""
+    yield from _filled_pair(request)
+
+
 @pytest.fixture
 def cold_case(request):
     """A case whose benchmark builds a fresh buffer of each variant every round."""
@@ -319,15 +351,7 @@ def test_seed_table_sample(benchmark, seed_table_pair):
     same rounds on the patched buffer's storage: a ``RandomSampler`` sample of the
     same 1,024 rows, and the gather of the 1,024 rows the patched sampler drew.
     """
-    pair = seed_table_pair
-    case = pair["stock"].case
-    time_in_turn(
-        benchmark,
-        case,
-        "seed_table",
-        lambda v: pair[v].rb.sample(),
-        floors=_floors(pair),
-    )
+    _time_static_sample_with_floors(benchmark, seed_table_pair, "seed_table")
 
 
 def test_seed_table_sample_after_write(benchmark, seed_table_pair):
@@ -403,6 +427,24 @@ def test_sweep_sample_after_write(benchmark, sweep_pair):
 def test_use_gpu_sample_after_write(benchmark, use_gpu_pair):
     """The online sample right after a write by a ``SliceSampler(use_gpu=True)``, and its floors."""
     _time_sample_after_write_with_floors(benchmark, use_gpu_pair, "use_gpu sample-after-write")
+
+
+def test_family_sample(benchmark, family_pair):
+    """A sample (64 slices of 4, done flags, 10-step episodes) by one of SliceSampler's
+    siblings, and its floors.
+
+    ``without_replacement``: a ``SliceSamplerWithoutReplacement`` on a static buffer;
+    it draws a new permutation of the trajectories whenever their number changes,
+    as stock does, so only a buffer without writes times the sample alone. ``span``
+    and ``not_strict``: ``SliceSampler(span=True)`` and
+    ``SliceSampler(strict_length=False)``, whose slices have several lengths, right
+    after a write of 1,000 rows (untimed), each floor after a write of its own.
+    """
+    operation = FAMILY_OPERATIONS[family_pair["stock"].case.mode]
+    if operation.endswith("sample-after-write"):
+        _time_sample_after_write_with_floors(benchmark, family_pair, operation)
+    else:
+        _time_static_sample_with_floors(benchmark, family_pair, operation)
 
 
 def _batch_size(rb) -> int:
@@ -495,6 +537,17 @@ def _floors(pair, *, after_write: bool = False) -> dict[str, Floor | Callable[[]
         return Floor(timed=floor.timed, setup=setup)
 
     return {name: written_first(floor) for name, floor in floors.items()}
+
+
+def _time_static_sample_with_floors(benchmark, pair, operation: str) -> None:
+    """Times a sample of a buffer that nothing writes to, and its floors, in the same rounds."""
+    time_in_turn(
+        benchmark,
+        pair["stock"].case,
+        operation,
+        lambda v: pair[v].rb.sample(),
+        floors=_floors(pair),
+    )
 
 
 def _time_sample_after_write_with_floors(benchmark, pair, operation: str) -> None:

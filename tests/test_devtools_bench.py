@@ -116,6 +116,29 @@ def test_the_rows_full_adds_are_named():
     assert speed_sizes.fills_added("full") == (2 * 2 + 3 * 2 * 2, 346_000_000)
 
 
+def test_the_default_run_has_the_siblings_rows():
+    """SliceSampler's siblings, in 10-step episodes: a small case at the ci scale, and
+    the 500k trajectories of 5M stored at the report scale, which the default run reaches."""
+    rows = (
+        "without_replacement done {}, 10-step episodes",
+        "span sample-after-write done {}, 10-step episodes",
+        "not_strict sample-after-write done {}, 10-step episodes",
+    )
+    for scale, sizes in (("ci", "1M/1.2M"), ("report", "5M/6M")):
+        added = speed_sizes.scenarios_added(scale)
+        assert [name for name in added if "10-step episodes" in name] == [
+            row.format(sizes) for row in rows
+        ]
+    assert "--slice-scale=report" in speed_comparison.pytest_command(
+        Path("b.json"), full=False, threads=1
+    )
+    assert {case.id for case in speed_sizes.FAMILY if case.scale == "ci"} == {
+        "done-1M-1.2M-without_replacement-episode10",
+        "done-1M-1.2M-span-episode10",
+        "done-1M-1.2M-not_strict-episode10",
+    }
+
+
 def test_full_runs_are_refused_without_the_memory(monkeypatch):
     monkeypatch.setattr(speed_comparison, "available_memory", lambda: 8 << 30)
     with pytest.raises(speed_comparison.SpeedComparisonError, match=r"needs about 17 GiB"):

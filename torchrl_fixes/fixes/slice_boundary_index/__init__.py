@@ -122,25 +122,26 @@ def stop_and_length_from_index(wrapped, instance, args, kwargs):
 
 def sample_from_index(wrapped, instance, args, kwargs):
     """``SliceSampler.sample``, drawn from the storage's index first."""
-    storage, batch_size = _storage_and_batch_size(args, kwargs)
-    sampled = None
-    if _sees_every_write(storage):
-        sampled = _sample_from_index(instance, storage, batch_size)
-    return wrapped(*args, **kwargs) if sampled is None else sampled
+    return _drawn_from_index(_sample_from_index, wrapped, instance, args, kwargs)
 
 
 def sample_without_replacement_from_index(wrapped, instance, args, kwargs):
     """``SliceSamplerWithoutReplacement.sample``, drawn from the storage's index first."""
-    storage, batch_size = _storage_and_batch_size(args, kwargs)
+    return _drawn_from_index(
+        _sample_without_replacement_from_index, wrapped, instance, args, kwargs
+    )
+
+
+def _drawn_from_index(draw, wrapped, instance, args, kwargs):
+    """What ``draw`` samples from the storage's index, or the stock ``sample`` where it cannot."""
+    storage, batch_size = (
+        *args,
+        *(kwargs[k] for k in ("storage", "batch_size")[len(args) :]),
+    )
     sampled = None
     if _sees_every_write(storage):
-        sampled = _sample_without_replacement_from_index(instance, storage, batch_size)
+        sampled = draw(instance, storage, batch_size)
     return wrapped(*args, **kwargs) if sampled is None else sampled
-
-
-def _storage_and_batch_size(args, kwargs) -> tuple:
-    """The ``storage`` and ``batch_size`` arguments of a sampler's ``sample``."""
-    return (*args, *(kwargs[k] for k in ("storage", "batch_size")[len(args) :]))
 
 
 def _sees_every_write(storage) -> bool:

@@ -2,11 +2,22 @@
 #
 # This source code is licensed under the MIT license found in the
 # LICENSE file in the root directory of this source tree.
-"""Helpers of the slice sampler tests: the rows they store, and samples compared exactly."""
+"""Helpers of the slice sampler tests: the reference sampler, the rows stored, and samples compared exactly."""
 from __future__ import annotations
 
 import torch
 from tensordict import TensorDict
+
+
+class WholeStorageRecovery:
+    """A slice sampler mixin that recovers the boundaries from the whole storage, as
+    main does (overriding how they are found keeps it off the index), and counts it."""
+
+    recoveries = 0
+
+    def _find_start_stop_traj(self, *args, **kwargs):
+        self.recoveries += 1
+        return super()._find_start_stop_traj(*args, **kwargs)
 
 
 def slice_steps(start, rows, lanes=None):

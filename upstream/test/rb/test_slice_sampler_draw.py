@@ -14,7 +14,12 @@ import argparse
 
 import pytest
 import torch
-from _slice_sampler_common import assert_same_sample, count_calls, slice_steps
+from _slice_sampler_common import (
+    assert_same_sample,
+    count_calls,
+    slice_steps,
+    WholeStorageRecovery,
+)
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 from torchrl.data.replay_buffers.samplers import SliceSampler
 
@@ -24,15 +29,8 @@ pytestmark = pytest.mark.filterwarnings(
 )
 
 
-class _StockSliceSampler(SliceSampler):
-    """Recovers the boundaries from the whole storage, as main does (overriding how
-    they are found keeps it off the index), and counts it."""
-
-    recoveries = 0
-
-    def _find_start_stop_traj(self, *args, **kwargs):
-        self.recoveries += 1
-        return super()._find_start_stop_traj(*args, **kwargs)
+class _StockSliceSampler(WholeStorageRecovery, SliceSampler):
+    """SliceSampler as main runs it."""
 
 
 _SAMPLERS = {

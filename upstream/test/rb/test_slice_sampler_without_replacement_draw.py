@@ -15,7 +15,12 @@ import argparse
 
 import pytest
 import torch
-from _slice_sampler_common import assert_same_sample, count_calls, slice_steps
+from _slice_sampler_common import (
+    assert_same_sample,
+    count_calls,
+    slice_steps,
+    WholeStorageRecovery,
+)
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 from torchrl.data.replay_buffers.samplers import (
     SliceSampler,
@@ -28,15 +33,8 @@ pytestmark = pytest.mark.filterwarnings(
 )
 
 
-class _StockSliceSamplerWithoutReplacement(SliceSamplerWithoutReplacement):
-    """Recovers the boundaries from the whole storage, as main does (overriding how
-    they are found keeps it off the index), and counts it."""
-
-    recoveries = 0
-
-    def _find_start_stop_traj(self, *args, **kwargs):
-        self.recoveries += 1
-        return super()._find_start_stop_traj(*args, **kwargs)
+class _StockSliceSamplerWithoutReplacement(WholeStorageRecovery, SliceSamplerWithoutReplacement):
+    """SliceSamplerWithoutReplacement as main runs it."""
 
 
 class _OwnSlicesSamplerWithoutReplacement(SliceSamplerWithoutReplacement):
@@ -67,7 +65,7 @@ def _samples_of_both(rb, stock, lanes):
     state while the buffer fills, wraps around and then stays, and checks that each
     pair is the same sample, leaving the same permutation and generator state.
 
-    Returns the samples of ``rb`` and the number of pairs.
+    Returns the samples of ``rb``.
     """
     samples = []
     rb.extend(slice_steps(0, 150, lanes))
@@ -92,7 +90,7 @@ def _samples_of_both(rb, stock, lanes):
             samples.append(got)
         if start:
             rb.extend(slice_steps(start, 85, lanes))
-    return samples, len(samples)
+    return samples
 
 
 _SAMPLERS = {
@@ -132,7 +130,8 @@ class TestSliceSamplerWithoutReplacementDraw:
             _StockSliceSamplerWithoutReplacement,
         )
         listed = count_calls(monkeypatch, SliceSampler, "_get_stop_and_length")
-        samples, pairs = _samples_of_both(rb, stock, lanes)
+        samples = _samples_of_both(rb, stock, lanes)
+        pairs = len(samples)
         # the reference went down the whole-storage recovery at each sample
         assert listed.count(_StockSliceSamplerWithoutReplacement) == pairs
         assert stock.sampler.recoveries == pairs
@@ -154,7 +153,7 @@ class TestSliceSamplerWithoutReplacementDraw:
             _StockSliceSamplerWithoutReplacement,
         )
         listed = count_calls(monkeypatch, SliceSampler, "_get_stop_and_length")
-        _, pairs = _samples_of_both(rb, stock, lanes)
+        pairs = len(_samples_of_both(rb, stock, lanes))
         # the subclass lists the trajectories and hands them all to its _sample_slices
         assert listed.count(_OwnSlicesSamplerWithoutReplacement) == pairs
         assert listed.count(_StockSliceSamplerWithoutReplacement) == pairs

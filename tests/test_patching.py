@@ -6,7 +6,13 @@ import pytest
 from torchrl_fixes import get_original, is_object_patched
 from torchrl_fixes._core import patching
 from torchrl_fixes._core.errors import TargetChanged
-from torchrl_fixes._core.patching import Replacement, derive_from_source, wrap
+from torchrl_fixes._core.patching import (
+    Replacement,
+    SourceEdits,
+    compose_source_edits,
+    derive_from_source,
+    wrap,
+)
 
 
 @pytest.fixture
@@ -324,3 +330,26 @@ def test_derive_from_source_applies_each_edit_once_or_refuses():
         derive_from_source(stock, [("total -= row", "total += row")])
     with pytest.raises(TargetChanged, match="not found once"):
         derive_from_source(stock, [("total", "sum_")])  # four matches
+
+
+def test_compose_source_edits_makes_every_edit_with_every_name():
+    """The composed method makes the edits of each SourceEdits in order and sees the names of
+    each; the stock method is left as it was."""
+
+    class Greeter:
+        def greet(self):
+            return "hello" + " " + "world"
+
+    stock = Greeter.greet
+    hello = SourceEdits(Greeter, "greet", stock, (('"hello"', "salutation"),), {"salutation": "hi"})
+    world = SourceEdits(Greeter, "greet", stock, (('"world"', "audience"),), {"audience": "you"})
+
+    composed = compose_source_edits([hello, world])
+    assert (composed.owner, composed.name) == (Greeter, "greet")
+    assert composed.new(Greeter()) == "hi you"
+    assert compose_source_edits([world]).new(Greeter()) == "hello you"
+    assert vars(Greeter)["greet"] is stock and Greeter().greet() == "hello world"
+
+    clash = SourceEdits(Greeter, "greet", stock, (('"hello"', '"hey"'),))
+    with pytest.raises(TargetChanged, match="not found once"):
+        compose_source_edits([hello, clash])

@@ -1,6 +1,7 @@
 """The registry: applying, skipping, removing and reporting fixes, on a throwaway target."""
 from __future__ import annotations
 
+import re
 import warnings
 
 import pytest
@@ -15,8 +16,8 @@ from torchrl_fixes import (
     is_object_patched,
 )
 from torchrl_fixes._core.errors import TargetChanged
-from torchrl_fixes._core.patching import Replacement
-from torchrl_fixes._core.registry import Fix, Registry, Target
+from torchrl_fixes._core.patching import Replacement, SourceEdits
+from torchrl_fixes._core.registry import Fix, Registry, Target, stock_function
 from torchrl_fixes._core.source_fingerprint import source_fingerprint
 
 TORCHRL = Version("1.4.2")
@@ -70,7 +71,16 @@ def target(make_module):
         def blocked(self):
             return "stock"
 
-    return make_module(helper=_stock_helper, Widget=Widget, Plain=Plain, Locked=Locked)
+    class Ledger:
+        def entries(self):
+            parts = ["stock"]
+            parts.append("one")
+            parts.append("two")
+            return parts
+
+    return make_module(
+        helper=_stock_helper, Widget=Widget, Plain=Plain, Locked=Locked, Ledger=Ledger
+    )
 
 
 @pytest.fixture
@@ -112,6 +122,23 @@ def helper_fix(target, name="helper_fix", **kwargs):
 def widget_fix(target, name="widget_fix", cls_name="Widget", **kwargs):
     cls = getattr(target, cls_name)
     return make_fix(name, lambda: [Replacement(cls, "describe", _fixed_describe)], **kwargs)
+
+
+def ledger_fix(target, name, edits, names=None, also=()):
+    """A fix editing the source of ``Ledger.entries``, gated on its stock code like a real fix."""
+    cls = target.Ledger
+    known = {source_fingerprint(vars(cls)["entries"])}
+
+    def plan():
+        stock = stock_function(cls, "entries", known)
+        return [*also, SourceEdits(cls, "entries", stock, tuple(edits), dict(names or {}))]
+
+    return make_fix(name, plan)
+
+
+def appends(word):
+    """An edit adding ``word`` last to the entries: two of them apply in either order."""
+    return ("return parts", f"parts.append({word!r})\n    return parts")
 
 
 def test_activate_applies_and_returns_names(fake_versions, target, registries):
@@ -545,3 +572,119 @@ def test_fix_finds_its_declared_targets_by_path(make_module):
     assert fix.stock(target.path) is _stock_helper
     with pytest.raises(KeyError, match="declares no target"):
         fix.target("Other.name")
+
+
+def test_source_edits_of_two_fixes_make_one_method(fake_versions, target, registries):
+    """Two fixes editing one method install one method with both edits; removing one
+    re-installs the other's; removing both puts the very stock function back."""
+    stock = vars(target.Ledger)["entries"]
+    registry = registries(
+        ledger_fix(target, "upper_one", [('"one"', '"ONE"')]),
+        ledger_fix(target, "named_two", [('"two"', "second")], names={"second": "TWO"}),
+    )
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert registry.activate() == ["upper_one", "named_two"]
+    assert target.Ledger().entries() == ["stock", "ONE", "TWO"]
+    assert is_object_patched(target.Ledger, "entries")
+    assert get_original(target.Ledger, "entries") is stock
+
+    registry.deactivate("upper_one")
+    assert registry.applied() == ["named_two"]
+    assert target.Ledger().entries() == ["stock", "one", "TWO"]
+    assert get_original(target.Ledger, "entries") is stock
+
+    registry.deactivate("named_two")
+    assert vars(target.Ledger)["entries"] is stock
+    assert not is_object_patched(target.Ledger, "entries")
+    assert target.Ledger().entries() == ["stock", "one", "two"]
+    assert [row.state for row in registry.status()] == ["inactive", "inactive"]
+
+
+@pytest.mark.parametrize("order", [("first", "second"), ("second", "first")])
+def test_source_edits_are_made_in_registry_order(fake_versions, target, registries, order):
+    """Whichever fix is activated first, the edits are made in the registry's order (the
+    second's plan gates on stock code while the first's method is installed)."""
+    stock = vars(target.Ledger)["entries"]
+    registry = registries(
+        ledger_fix(target, "first", [appends("first")]),
+        ledger_fix(target, "second", [appends("second")]),
+    )
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for name in order:
+            registry.activate(name)
+    assert registry.applied() == ["first", "second"]
+    assert target.Ledger().entries() == ["stock", "one", "two", "first", "second"]
+
+    registry.deactivate("first")
+    assert target.Ledger().entries() == ["stock", "one", "two", "second"]
+    registry.deactivate("second")
+    assert vars(target.Ledger)["entries"] is stock
+    assert not is_object_patched(target.Ledger, "entries")
+
+
+def test_source_edits_that_clash_skip_the_later_fix(fake_versions, target, registries):
+    """A fix whose edit finds its text gone after an earlier fix's edit is skipped, saying
+    why; none of it stays installed and the earlier fix's method stays."""
+    stock = vars(target.Ledger)["entries"]
+    also = [Replacement(target, "helper", _fixed_helper)]
+    registry = registries(
+        ledger_fix(target, "keep", [('"one"', '"uno"')]),
+        ledger_fix(target, "clash", [('"one"', '"ONE"')], also=also),
+    )
+
+    why = "'\"one\"' is not found once"
+    skipped = f"clash skipped: could not be installed: TargetChanged: .*{re.escape(why)}"
+    with pytest.warns(FixSkippedWarning, match=skipped):
+        assert registry.activate() == ["keep"]
+    assert target.Ledger().entries() == ["stock", "uno", "two"]
+    assert target.helper is _stock_helper
+    assert not is_object_patched(target, "helper")
+
+    report = registry.status()
+    assert report["keep"].applied
+    assert report["clash"].state == "skipped"
+    assert report["clash"].reason.startswith("could not be installed: TargetChanged")
+    assert "Ledger.entries" in report["clash"].reason
+    assert why in report["clash"].reason
+
+    registry.deactivate()
+    assert vars(target.Ledger)["entries"] is stock
+    assert not is_object_patched(target.Ledger, "entries")
+
+
+def test_fix_with_replacements_and_source_edits_removes_both(fake_versions, target, registries):
+    """deactivate() removes a fix's plain replacements and its edited method alike."""
+    stock = vars(target.Ledger)["entries"]
+    also = [Replacement(target, "helper", _fixed_helper)]
+    registry = registries(ledger_fix(target, "both", [('"two"', '"TWO"')], also=also))
+
+    assert registry.activate() == ["both"]
+    assert target.helper() == "fixed"
+    assert target.Ledger().entries() == ["stock", "one", "TWO"]
+
+    registry.deactivate("both")
+    assert target.helper is _stock_helper
+    assert vars(target.Ledger)["entries"] is stock
+    assert not is_object_patched(target, "helper")
+    assert not is_object_patched(target.Ledger, "entries")
+    assert registry.status()["both"].state == "inactive"
+
+
+def test_stock_function_reads_the_original_of_a_patched_attribute(
+    fake_versions, target, registries
+):
+    """Where a fix replaced the function, the gate checks (and returns) the one it replaced."""
+    describe = vars(target.Widget)["describe"]
+    registry = registries(helper_fix(target), widget_fix(target))
+    registry.activate()
+    installed = vars(target.Widget)["describe"]
+    assert installed is not describe
+
+    assert stock_function(target.Widget, "describe", {source_fingerprint(describe)}) is describe
+    assert stock_function(target, "helper", {source_fingerprint(_stock_helper)}) is _stock_helper
+    with pytest.raises(TargetChanged, match="Widget.describe is not the code"):
+        stock_function(target.Widget, "describe", {source_fingerprint(installed)})

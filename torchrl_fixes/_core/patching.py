@@ -14,8 +14,8 @@ import linecache
 import textwrap
 import threading
 import types
-from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
 
 from torchrl_fixes._core.errors import TargetChanged
 
@@ -43,6 +43,58 @@ class Replacement:
     @property
     def path(self) -> str:
         return f"{_owner_path(self.owner)}.{self.name}"
+
+
+@dataclass(frozen=True)
+class SourceEdits:
+    """Edits a fix makes to the source of one stock method (see :func:`derive_from_source`).
+
+    Where several applied fixes edit the same method, one method is installed with
+    the edits of each, in the order the fixes are applied; removing a fix installs
+    the method the others make.
+
+    Args:
+        owner (type): the class whose method is edited.
+        name (str): the method's name.
+        stock (function): the stock method, checked by the fix's fingerprint gate.
+        edits (tuple of (str, str)): ``(old, new)`` texts, each found once.
+        names (dict, optional): the names the new code uses beside the stock
+            module's. Defaults to none.
+    """
+
+    owner: Any
+    name: str
+    stock: types.FunctionType
+    edits: tuple
+    names: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def path(self) -> str:
+        return f"{_owner_path(self.owner)}.{self.name}"
+
+
+def compose_source_edits(edits: Sequence[SourceEdits]) -> Replacement:
+    """One :class:`Replacement` that makes every one of ``edits`` (to the same method), in order.
+
+    Raises:
+        TargetChanged: an edit does not apply exactly once after those before it.
+
+    Examples:
+        >>> class Greeter:
+        ...     def greet(self):
+        ...         return "hello " + "world"
+        >>> loud = SourceEdits(Greeter, "greet", Greeter.greet, (('"hello "', '"HELLO "'),))
+        >>> named = SourceEdits(Greeter, "greet", Greeter.greet, (('"world"', "who"),), {"who": "you"})
+        >>> Greeter.greet = compose_source_edits([loud, named]).new
+        >>> Greeter().greet()
+        'HELLO you'
+    """
+    first = edits[0]
+    names = {name: value for edit in edits for name, value in edit.names.items()}
+    new = derive_from_source(
+        first.stock, [pair for edit in edits for pair in edit.edits], **names
+    )
+    return Replacement(first.owner, first.name, new)
 
 
 @dataclass

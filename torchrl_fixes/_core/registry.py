@@ -24,7 +24,7 @@ from packaging.version import Version
 
 from torchrl_fixes._core import patching
 from torchrl_fixes._core.errors import TargetChanged
-from torchrl_fixes._core.patching import Replacement
+from torchrl_fixes._core.patching import Replacement, SourceEdits
 from torchrl_fixes._core.source_fingerprint import source_fingerprint
 from torchrl_fixes._core.versions import installed_version
 from torchrl_fixes._core.warning_categories import FixSkippedWarning, warn_at_caller
@@ -40,7 +40,9 @@ def stock_function(owner: Any, name: str, fingerprints: Collection[str]) -> type
 
     The one gate every fix puts on the code it replaces or reproduces: the function
     must be defined on ``owner`` itself and its :func:`source_fingerprint` must be one
-    of ``fingerprints`` (one per release where the code differs).
+    of ``fingerprints`` (one per release where the code differs). Where a fix's
+    replacement is there, the function read is the one it replaced
+    (:func:`~torchrl_fixes._core.patching.get_original`).
 
     Args:
         owner (module or type): where the function is stored.
@@ -66,6 +68,8 @@ def stock_function(owner: Any, name: str, fingerprints: Collection[str]) -> type
         func, path = vars(owner).get(name), f"{owner.__qualname__}.{name}"
     else:
         func, path = getattr(owner, name, None), name
+    if patching.installed_replacement(owner, name) is not None:
+        func = patching.get_original(owner, name)
     if isinstance(func, staticmethod):
         func = func.__func__
     if not isinstance(func, types.FunctionType):
@@ -345,6 +349,8 @@ class Registry:
     def __init__(self, fixes: Sequence[Fix]):
         self._fixes = {fix.name: fix for fix in fixes}
         self._installed: dict[str, list] = {}
+        self._source_edits: dict[str, list[SourceEdits]] = {}  # applied fix -> its edits
+        self._edited: list = []  # the records of the methods installed for them
         self._skipped: dict[str, str] = {}
         self._inactive: dict[str, str] = {name: "not requested" for name in self._fixes}
         # (fix, reason) pairs already reported: a skip is said once per process, not
@@ -395,7 +401,11 @@ class Registry:
                     continue
                 reason = None
                 try:
-                    replacements = self._wrap_methods(fix.plan())
+                    plan = fix.plan()
+                    edits = [r for r in plan if isinstance(r, SourceEdits)]
+                    replacements = self._wrap_methods(
+                        [r for r in plan if not isinstance(r, SourceEdits)]
+                    )
                 except TargetChanged as err:
                     reason = f"target changed: {err}"
                 except ImportError as err:
@@ -406,6 +416,15 @@ class Registry:
                     try:
                         self._installed[fix.name] = patching.install(replacements)
                     except Exception as err:  # install() has already put everything back
+                        reason = f"could not be installed: {type(err).__name__}: {err}"
+                if reason is None and edits:
+                    self._source_edits[fix.name] = edits
+                    try:
+                        self._install_source_edits()
+                    except Exception as err:  # the others' edits are put back
+                        del self._source_edits[fix.name]
+                        patching.uninstall(self._installed.pop(fix.name))
+                        self._install_source_edits()
                         reason = f"could not be installed: {type(err).__name__}: {err}"
                 if reason is not None:
                     self._skipped[fix.name] = reason
@@ -428,7 +447,25 @@ class Registry:
                 records = self._installed.pop(fix.name, None)
                 if records is not None:
                     patching.uninstall(records)
+                    if self._source_edits.pop(fix.name, None):
+                        self._install_source_edits()
                     self._inactive[fix.name] = "deactivated"
+
+    def _install_source_edits(self) -> None:
+        """Installs each edited method anew, with the edits of every applied fix in order.
+
+        Raises:
+            TargetChanged: the edits of two fixes do not apply one after the other
+                (nothing is installed for that method then).
+        """
+        patching.uninstall(self._edited)
+        self._edited = []
+        methods: dict[tuple[int, str], list[SourceEdits]] = {}
+        for name in self._fixes:
+            for edit in self._source_edits.get(name, ()):
+                methods.setdefault((id(edit.owner), edit.name), []).append(edit)
+        replacements = [patching.compose_source_edits(e) for e in methods.values()]
+        self._edited = patching.install(self._wrap_methods(replacements))
 
     def applied(self) -> list[str]:
         with self._lock:

@@ -45,7 +45,7 @@ from tensordict import TensorDict, unravel_key
 from tensordict.utils import NestedKey
 
 from torchrl_fixes._core.errors import TargetChanged
-from torchrl_fixes._core.patching import derive_from_source, Replacement
+from torchrl_fixes._core.patching import derive_from_source, Replacement, SourceEdits
 from torchrl_fixes._core.registry import Fix, Target
 from torchrl_fixes._core.source_fingerprint import source_fingerprint
 
@@ -504,14 +504,12 @@ class SingleGather(Fix):
         )
         replacements = [
             Replacement(SliceSampler, builder.__name__, new),
-            Replacement(
+            SourceEdits(
                 PrioritizedSliceSampler,
                 "sample",
-                derive_from_source(
-                    stock["PrioritizedSliceSampler.sample"],
-                    PRIORITIZED_SAMPLE_EDITS,
-                    _read_entries=_read_entries,
-                ),
+                stock["PrioritizedSliceSampler.sample"],
+                PRIORITIZED_SAMPLE_EDITS,
+                {"_read_entries": _read_entries},
             ),
         ]
         streaming = stock["StreamingSliceSampler.mark_update"]

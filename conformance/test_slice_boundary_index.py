@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import importlib
 import inspect
 import itertools
 import pickle
 import random
+import textwrap
 import zlib
 
 import pytest
@@ -25,8 +27,8 @@ import torch.multiprocessing
 from tensordict import TensorDict
 from torchrl.data.replay_buffers import utils as replay_buffer_utils
 
-from conformance import reference
-from conformance.harness import assert_identical, run_patched, run_stock
+from conformance import harness, reference
+from conformance.harness import assert_identical, run_patched
 from conformance.slice_scenarios import (
     EPISODE_KEY,
     KEY_KINDS,
@@ -42,6 +44,7 @@ from conformance.slice_scenarios import (
     sample_step,
     write_rows,
 )
+from torchrl_fixes._core.patching import derive_from_source
 
 FIX = "slice_boundary_index"
 
@@ -76,6 +79,17 @@ def assert_same_as_stock(scenario, seed: int = 0, *, fresh_stock: bool = False):
     return stock
 
 
+def run_stock(scenario, seed: int = 0):
+    """:func:`conformance.harness.run_stock`, with the prioritized sampler's stock bugs
+    the fix answers corrected (:func:`stock_restores_priorities`)."""
+
+    def corrected():
+        with stock_restores_priorities():
+            return scenario()
+
+    return harness.run_stock(corrected, seed)
+
+
 @contextlib.contextmanager
 def stock_boundaries_from_scratch():
     """Inside ``disabled()``: stock SliceSamplers drop their cached boundaries before each use."""
@@ -98,6 +112,111 @@ def stock_boundaries_from_scratch():
         yield
     finally:
         SliceSampler._get_stop_and_length = stock
+
+
+# Stock PrioritizedSliceSampler.sample sets the priorities of the rows no slice may start
+# at to zero, draws, and writes them back: a draw that raises (no row left to start at)
+# leaves them at zero. The fix never writes the sampler's priorities.
+_RESTORED = (
+    "    starts, info = PrioritizedSampler.sample(\n"
+    "        self, storage=storage, batch_size=batch_size // seq_length\n"
+    "    )\n"
+    "    self._sum_tree[preceding_stop_idx.cpu().numpy()] = vals\n"
+)
+# Its slices that may be shorter (span, strict_length=False) end at the stop the stock
+# code finds for their start; for a start after the beginning of a full storage, in the
+# trajectory that runs around its end, that is the next trajectory's stop.
+_STOP_FOUND = (
+    "        idx = diff.argmin(dim=0)\n"
+    "        stops = stop_idx_corr[idx, 0]\n"
+)
+
+
+def _stops_after(starts: torch.Tensor, stop_idx: torch.Tensor, storage) -> torch.Tensor:
+    """The first stop of ``stop_idx`` at or after each start of its lane, around the ring."""
+    ring = storage._len_along_dim0
+    stops = []
+    for start in starts.tolist():
+        lane = [stop for stop in stop_idx.tolist() if stop[1:] == start[1:]]
+        stops.append(start[0] + min((stop[0] - start[0]) % ring for stop in lane))
+    return torch.tensor(stops, dtype=stop_idx.dtype, device=stop_idx.device)
+
+
+# Where the fix keeps the prioritized sampler's eligible starts (the runtime fix; the
+# patched source once its series holds that change), stock is compared without these
+# two bugs.
+PRIORITIZED_STARTS_KEPT = (
+    reference.in_effect(FIX) if not reference.UPSTREAM
+    else hasattr(importlib.import_module(
+        "torchrl.data.replay_buffers.samplers.prioritized_slice"), "_eligible_starts")
+)
+
+
+@contextlib.contextmanager
+def stock_restores_priorities():
+    """Inside stock's run: PrioritizedSliceSampler writes its priorities back when its
+    draw raises too, and ends each shorter slice at its own trajectory's stop."""
+    from torchrl.data.replay_buffers.samplers import PrioritizedSliceSampler
+
+    if not PRIORITIZED_STARTS_KEPT:
+        yield
+        return
+    stock = vars(PrioritizedSliceSampler)["sample"]
+    restored = "    try:\n" + textwrap.indent(_RESTORED, "    ").replace(
+        "        self._sum_tree", "    finally:\n        self._sum_tree"
+    )
+    found = "        stops = _stops_after(starts_tensor, stop_idx, storage)\n"
+    PrioritizedSliceSampler.sample = derive_from_source(
+        stock, [(_RESTORED, restored), (_STOP_FOUND, found)], _stops_after=_stops_after
+    )
+    try:
+        yield
+    finally:
+        PrioritizedSliceSampler.sample = stock
+
+
+@pytest.mark.stock_bug
+@pytest.mark.torchrl_extension
+@pytest.mark.skipif(not PRIORITIZED_STARTS_KEPT, reason="the eligible starts are not kept here")
+def test_stock_loses_priorities_when_its_draw_raises(torchrl_extension):
+    """Stock: a sample that finds no row to start at leaves those rows' priorities at zero."""
+    from torchrl.data import LazyTensorStorage, PrioritizedSliceSampler, TensorDictReplayBuffer
+
+    def scenario():
+        sampler = PrioritizedSliceSampler(10, alpha=0.7, beta=0.5, slice_len=4)
+        rb = TensorDictReplayBuffer(storage=LazyTensorStorage(10), sampler=sampler, batch_size=8)
+        done = torch.tensor([0, 1, 0, 1, 0, 0, 1], dtype=torch.bool).unsqueeze(-1)
+        rb.extend(TensorDict({("next", "done"): done}, [7]))  # no trajectory of 4 rows
+        before = torch.as_tensor(sampler._sum_tree[range(7)])
+        with pytest.raises(RuntimeError, match="non-positive p_sum"):
+            rb.sample()
+        return before, torch.as_tensor(sampler._sum_tree[range(7)])
+
+    stock_before, stock_after = harness.run_stock(scenario)
+    patched_before, patched_after = run_patched(scenario)
+    assert stock_before.gt(0).all() and stock_after.eq(0).all()  # lost
+    assert torch.equal(patched_after, patched_before)
+
+
+@pytest.mark.stock_bug
+@pytest.mark.torchrl_extension
+@pytest.mark.skipif(not PRIORITIZED_STARTS_KEPT, reason="the eligible starts are not kept here")
+def test_stock_slice_runs_past_its_stop_around_the_ring(torchrl_extension):
+    """Stock, span: a slice from the start of a full storage, in the trajectory that runs
+    around its end, ends at the next trajectory's stop (from the newest row to the oldest)."""
+    from torchrl.data import LazyTensorStorage, PrioritizedSliceSampler, TensorDictReplayBuffer
+
+    def scenario():
+        sampler = PrioritizedSliceSampler(10, alpha=1.0, beta=0.5, slice_len=4, span=(0, True))
+        rb = TensorDictReplayBuffer(storage=LazyTensorStorage(10), sampler=sampler, batch_size=4)
+        step = torch.arange(13)  # rows 0-2 hold steps 10-12; 9, 0, 1, 2 is one trajectory
+        done = (step == 5) | (step == 8)
+        rb.extend(TensorDict({"step": step, ("next", "done"): done.unsqueeze(-1)}, [13]))
+        rb.update_priority(torch.arange(10), torch.tensor([1e6] + [1e-6] * 9))
+        return rb.sample()["step"]
+
+    assert harness.run_stock(scenario).tolist() == [10, 11, 12, 3]  # across the write cursor
+    assert run_patched(scenario).tolist() == [10, 11, 12]
 
 
 STOCK_CACHE_GOES_STALE = '"stop-and-length"' in inspect.getsource(
@@ -329,6 +448,32 @@ RANDOM_SETUPS = [
         options=(("slice_len", 5), ("span", True)),
         batch_size=20,
     ),
+    # the eligible starts of the prioritized sampler, kept by the writes
+    SliceSetup(
+        sampler="PrioritizedSliceSampler",
+        storage="memmap",
+        keys="traj_key",
+        strict_length=False,
+        options=(("slice_len", 5),),
+        batch_size=20,
+    ),
+    SliceSetup(
+        sampler="PrioritizedSliceSampler",
+        storage="tensor",
+        keys="auto",
+        options=(("num_slices", 4), ("span", (0, 2))),
+        generator_seed=3,
+    ),
+    SliceSetup(
+        sampler="PrioritizedSliceSampler",
+        storage="tensor",
+        keys="end_key",
+        strict_length=False,
+        options=(("slice_len", 5), ("span", True), ("cache_values", True)),
+        batch_size=20,
+        buffer="ReplayBuffer",
+    ),
+    SliceSetup(sampler="PrioritizedSliceSampler", storage="ndim2", keys="end_key"),
 ]
 
 
@@ -384,6 +529,17 @@ APPEND_SETUPS = [
         keys="auto", capacity=300, options=(("slice_len", 3),), buffer="ReplayBuffer"
     ),
     SliceSetup(keys="end_key", storage="memmap", capacity=300, with_is_init=False),
+    SliceSetup(
+        sampler="PrioritizedSliceSampler", keys="end_key", capacity=300, batch_size=12
+    ),
+    SliceSetup(
+        sampler="PrioritizedSliceSampler",
+        keys="traj_key",
+        capacity=300,
+        strict_length=False,
+        options=(("slice_len", 3),),
+        batch_size=12,
+    ),
 ]
 
 

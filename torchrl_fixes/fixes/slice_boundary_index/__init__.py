@@ -15,10 +15,11 @@ those rows only. ``SliceSampler.sample`` draws its trajectories from the index w
 stock's own draw and hands them to the sampler's code (:mod:`~.slice_sampling`):
 ``O(batch)`` per sample plus ``O(k)`` per ``k`` rows written.
 ``SliceSamplerWithoutReplacement.sample`` takes its trajectories from its own
-permutation of the index's (:mod:`~.slice_without_replacement`), and slices of
+permutation of the index's (:mod:`~.slice_without_replacement`), slices of
 different lengths (a span, ``strict_length=False``) are indexed at once
-(:mod:`~.slice_lengths`). ``SliceSampler._get_stop_and_length`` is served from the
-same index. The
+(:mod:`~.slice_lengths`), and ``PrioritizedSliceSampler.sample`` draws from a sum
+tree of its eligible starts that the writes keep (:mod:`~.prioritized_slices`).
+``SliceSampler._get_stop_and_length`` is served from the same index. The
 boundaries are exactly stock's whatever ``cache_values`` says, and never stale: any
 change the index did not record (another mutation path, another process, an
 in-place write through a view of a column) moves the storage's mutation revision or
@@ -44,6 +45,7 @@ from torchrl_fixes._core.patching import (
     defining_class,
     derive_from_source,
     Replacement,
+    SourceEdits,
     wrap,
 )
 from torchrl_fixes._core.registry import Fix, Target
@@ -61,12 +63,19 @@ from torchrl_fixes.fixes.slice_boundary_index.storage_index import (
 try:
     from torchrl.data.replay_buffers import storages
     from torchrl.data.replay_buffers.samplers import (
+        PrioritizedSampler,
+        PrioritizedSliceSampler,
         SliceSampler,
         SliceSamplerWithoutReplacement,
     )
     from torchrl.data.replay_buffers.storages import Storage, TensorStorage
 
     # these import TorchRL's storages too
+    from torchrl_fixes.fixes.slice_boundary_index.prioritized_slices import (
+        _eligible_starts,
+        prioritized_sample_edits,
+        SLICE_STOP_EDITS,
+    )
     from torchrl_fixes.fixes.slice_boundary_index.slice_boundaries import (
         _boundary_signal,
         _fallback_reason,
@@ -130,6 +139,35 @@ def sample_without_replacement_from_index(wrapped, instance, args, kwargs):
     return _drawn_from_index(
         _sample_without_replacement_from_index, wrapped, instance, args, kwargs
     )
+
+
+def eligible_starts(sampler, storage, seq_length: int):
+    """The sampler's eligible starts (:func:`~.prioritized_slices._eligible_starts`), where the storage's revision follows every write."""
+    if not _sees_every_write(storage):
+        return None
+    return _eligible_starts(sampler, storage, seq_length)
+
+
+def note_priorities_set(wrapped, instance, args, kwargs):
+    """``PrioritizedSampler.update_priority``, noting its rows for the sampler's eligible starts."""
+    result = wrapped(*args, **kwargs)
+    starts = instance.__dict__.get("_eligible_starts")
+    if starts is not None:
+        starts.priorities_set(args[0] if args else kwargs["index"])
+    return result
+
+
+def forget_eligible_starts(wrapped, instance, args, kwargs):
+    """``PrioritizedSampler.loads``: the priorities it writes in place are read anew."""
+    instance.__dict__.pop("_eligible_starts", None)
+    return wrapped(*args, **kwargs)
+
+
+def state_without_eligible_starts(wrapped, instance, args, kwargs):
+    """``PrioritizedSliceSampler.__getstate__``: the eligible starts are the sampler's own, never pickled."""
+    state = wrapped(*args, **kwargs)
+    state.pop("_eligible_starts", None)
+    return state
 
 
 def _drawn_from_index(draw, wrapped, instance, args, kwargs):
@@ -227,9 +265,39 @@ class SliceBoundaryIndex(Fix):
             installs="its own source with slices of different lengths indexed at "
             "once (TENSOR_SLICES_EDITS)",
         ),
-        # TensorStorage.set, Storage.__getstate__ and SliceSampler.__init__ are
-        # wrapped whatever their code; before 0.14 the mutation revision is
-        # backported too (mutation_revision.BUMPED).
+        Target(
+            "torchrl.data.replay_buffers.samplers.PrioritizedSliceSampler",
+            "sample",
+            {
+                "e00622f608a4f293": "0.8.1 to 0.10.1",
+                "3575e5dafe82cf9b": "0.11.1 to 0.14.1, torchrl-nightly 2026.10.27",
+            },
+            installs="its own source, drawing from the sampler's eligible starts "
+            "where they apply, each shorter slice ending at its own trajectory's stop "
+            "(prioritized_sample_edits, SLICE_STOP_EDITS); single_gather's edits too",
+        ),
+        Target(
+            "torchrl.data.replay_buffers.samplers.PrioritizedSliceSampler",
+            "_preceding_stop_idx",
+            {"87b0bb7961ad1a19": "0.8.1 to 0.14.1, torchrl-nightly 2026.10.27"},
+            installs="relied on unchanged: the eligible starts exclude the rows it lists",
+        ),
+        Target(
+            "torchrl.data.replay_buffers.samplers.PrioritizedSampler",
+            "sample",
+            {
+                "7543932efa57f55f": "0.8.1 to 0.10.1",
+                "ba8a0fb9be876813": "0.11.1, 0.12.0",
+                "1605ceff241a0943": "0.13.3 to 0.14.1, torchrl-nightly 2026.10.27",
+            },
+            installs="relied on unchanged: it draws the eligible starts, from their "
+            "sum tree",
+        ),
+        # TensorStorage.set, Storage.__getstate__, SliceSampler.__init__,
+        # PrioritizedSampler.update_priority and .loads and
+        # PrioritizedSliceSampler.__getstate__ are wrapped whatever their code;
+        # before 0.14 the mutation revision is backported too
+        # (mutation_revision.BUMPED).
     )
     stock_classes = ("torchrl.data.replay_buffers.samplers.SliceSampler",)
     # What runs stock code, as listed beside the checks that decide it: status(), the
@@ -259,6 +327,9 @@ class SliceBoundaryIndex(Fix):
                 "sample",
                 sample_without_replacement_from_index,
             ),
+            (PrioritizedSampler, "update_priority", note_priorities_set),
+            (PrioritizedSampler, "loads", forget_eligible_starts),
+            (PrioritizedSliceSampler, "__getstate__", state_without_eligible_starts),
         ]
         if _backports_mutation_revision():
             # the revision moves once set has written, before its rows are recorded
@@ -282,6 +353,16 @@ class SliceBoundaryIndex(Fix):
         )
         replacements.append(
             Replacement(SliceSampler, "_tensor_slices_from_startend", slices)
+        )
+        prioritized = stock["PrioritizedSliceSampler.sample"]
+        replacements.append(
+            SourceEdits(
+                PrioritizedSliceSampler,
+                "sample",
+                prioritized,
+                prioritized_sample_edits(prioritized) + SLICE_STOP_EDITS,
+                {"_eligible_starts": eligible_starts},
+            )
         )
         if _backports_mutation_revision():
             replacements += [

@@ -7,11 +7,15 @@ trajectory of a minimum length is found without listing them all.
 """
 from __future__ import annotations
 
+from collections import deque
+
 import numpy as np
 
 _NO_KEYS = np.empty(0, dtype=np.int64)
 # The value a lane's first stop gets while written: it follows no stop of its lane.
 _LANE_FIRST = np.iinfo(np.int64).max
+# The changes :meth:`TrajectoryIndex.changes_since` can list; a reader further behind rebuilds.
+_KEPT_CHANGES = 256
 
 
 class SortedKeys:
@@ -160,6 +164,8 @@ class TrajectoryIndex:
         self._excluded: dict[int, np.ndarray] = {}  # and their ranks, until a change
         self._lane_ranks = self._lane_lengths = None
         self._boundaries = None
+        self.revision = self._assigned = 0  # the changes made to the stops
+        self._changes = deque(maxlen=_KEPT_CHANGES)  # their key ranges
 
     def __len__(self) -> int:
         return len(self._stops)
@@ -176,6 +182,8 @@ class TrajectoryIndex:
         gaps = np.diff(stops, prepend=0)
         gaps[np.flatnonzero(np.diff(stops // self.capacity, prepend=-1))] = _LANE_FIRST
         self._stops = SortedKeys(stops, gaps)
+        self.revision += 1
+        self._assigned = self.revision  # changes_since knows no change before
         self._forced, self.state = [], None
         self._short.clear()
         self.update(length, at_capacity, cursor)
@@ -233,6 +241,8 @@ class TrajectoryIndex:
     def _rewrite(self, lo: int, hi: int, keys: np.ndarray) -> None:
         """Puts ``keys`` in place of the stops in ``[lo, hi]``, of one lane, with their lengths."""
         stops, base = self._stops, lo - lo % self.capacity
+        self.revision += 1
+        self._changes.append((lo, hi))
         first = stops.replace(lo, hi, keys)
         previous = int(stops.take(first - 1)) if first else -1
         if previous < base:
@@ -317,6 +327,35 @@ class TrajectoryIndex:
                 skipped = shorter - np.arange(shorter.size)
                 ranks = ranks + skipped.searchsorted(ranks, "right")
         return self._rows(ranks)
+
+    def changes_since(self, revision: int) -> list | None:
+        """The ``(lo, hi)`` key ranges whose stops changed since :attr:`revision` was ``revision``.
+
+        ``None`` where more changed than the index keeps a record of.
+        """
+        missed = self.revision - revision
+        if missed > len(self._changes) or revision < self._assigned:
+            return None
+        return list(self._changes)[len(self._changes) - missed :]
+
+    def stops_around(self, rows: np.ndarray) -> tuple:
+        """The last stop before each of ``rows`` and the first at or after it.
+
+        For the valid rows of a storage with one lane, around the ring: a stop
+        past the last is the first plus the number of valid rows, one before the
+        first is the last less that number.
+
+        Examples:
+            >>> index = TrajectoryIndex(capacity=10)
+            >>> index.assign(np.array([2, 7]), length=10, at_capacity=True, cursor=4)
+            >>> index.stops_around(np.array([0, 3, 9]))
+            (array([-3,  2,  7]), array([ 2,  4, 12]))
+        """
+        count, length = len(self._stops), self.state[0]
+        ranks = self._stops.rank(rows)
+        after = self._stops.take(ranks % count) + (ranks == count) * length
+        before = self._stops.take((ranks - 1) % count) - (ranks == 0) * length
+        return before, after
 
     def boundaries(self) -> tuple:
         """:meth:`select` of every trajectory, kept until the next change."""

@@ -1,7 +1,8 @@
 """Sessions: tests, lint, conformance, conformance_extension, ray, benchmark, benchmark_tdmpc2, compare, upstream, upstream_review, torchrl_suite.
 
 Every environment installs torch first, explicitly: ``TORCHRL_FIXES_TORCH`` if set,
-else ``torch==2.13.0``. Which build that gives depends on where pip looks: from the
+else ``torch==2.13.0`` (``torch==2.14.1`` for the benchmark and conformance_extension,
+beside which TorchRL's C++ extension loads: the prioritized rows need it). Which build that gives depends on where pip looks: from the
 plain package index, on Linux x86-64, ``torch==2.13.0`` is the CUDA build (several GB
 with its CUDA libraries; it also runs on a machine without a GPU); the CPU build
 (``2.13.0+cpu``) is what pip finds where its index or its ``--find-links`` offers a
@@ -62,6 +63,8 @@ nox.options.sessions = ["lint", "tests", "conformance", "conformance_extension"]
 
 # The torch requirement every session installs first (see the module docstring).
 TORCH = os.environ.get("TORCHRL_FIXES_TORCH", "").strip() or "torch==2.13.0"
+# The torch beside which TorchRL's C++ extension (prioritized buffers) loads.
+EXTENSION_TORCH = "torch==2.14.1"
 def _test_requirements() -> list[str]:
     """pyproject.toml's test extra and runtime requirements, less torch, torchrl and tensordict."""
     # nox's TOML reader: tomllib is Python 3.11+, and nox brings tomli where it is missing.
@@ -119,7 +122,7 @@ def conformance_extension(session: nox.Session) -> None:
     loads beside torch 2.14.1 (a CUDA build, about 5.5 GB installed, that also runs on
     a CPU-only machine). Here a prioritized test that cannot run fails instead of skipping.
     """
-    _install(session, NEWEST, torch="torch==2.14.1")
+    _install(session, NEWEST, torch=EXTENSION_TORCH)
     session.run(
         "python", "-m", "pytest", "conformance", *session.posargs,
         env={"TORCHRL_FIXES_REQUIRE_EXTENSION": "1"},
@@ -178,14 +181,17 @@ def compare(session: nox.Session) -> None:
 def benchmark(session: nox.Session) -> None:
     """The main job: stock against patched TorchRL timed here, as a table and a plot.
 
-    Shows each benchmark as it lands, then the table; writes ``results/latest/``, which
+    It installs ``torch==2.14.1`` unless ``TORCHRL_FIXES_TORCH`` says otherwise: beside
+    it TorchRL's C++ extension loads, which the ``PrioritizedSliceSampler`` rows need
+    (they are skipped where it does not). Shows each benchmark as it lands, then the
+    table; writes ``results/latest/``, which
     git ignores (``bench.json``, ``benchmark.md``, ``benchmark.png``, ``bench.log``);
     ``-- --out results`` refreshes the committed table and plot instead. Arguments
     after ``--`` go to ``python -m devtools bench``: ``--full``, ``--compare
     BASELINE.json``, ``--margin``, ``--json``, ``--out DIR``, ``--threads N``
     (``python -m devtools bench --help`` says what each does and what ``--full`` needs).
     """
-    session.install(TORCH)
+    session.install(os.environ.get("TORCHRL_FIXES_TORCH", "").strip() or EXTENSION_TORCH)
     session.install("-e", ".[bench]", *torchrl_requirements(NEWEST))
     session.run("python", "-m", "devtools", "bench", *session.posargs)
 

@@ -143,6 +143,7 @@ FAMILY_OPERATIONS = {
     "without_replacement": "without_replacement",
     "span": "span sample-after-write",
     "not_strict": "not_strict sample-after-write",
+    "prioritized": "prioritized sample-after-write",
 }
 FAMILY_EPISODE_LEN = 10
 FAMILY = [
@@ -152,6 +153,12 @@ FAMILY = [
     )
     for stored, capacity, scale in ((1_000_000, 1_200_000, "ci"), (5_000_000, 6_000_000, "report"))
     for mode in FAMILY_OPERATIONS
+    if mode != "prioritized"
+] + [
+    # PrioritizedSliceSampler where the C++ extension loads: a full 1M-row buffer (writes
+    # wrap) of 1k and of 10k trajectories
+    Case("family", "done", 1_000_000, 1_000_000, rounds=30, episode_len=episode_len, mode="prioritized")
+    for episode_len in (1_000, 100)
 ]
 EXTEND = [
     *(Case("online", k, 1_000_000, 1_500_000, rounds=200) for k in KEYS),

@@ -34,6 +34,10 @@ Groups:
   episodes), with their floors: ``SliceSamplerWithoutReplacement`` on a static
   buffer, ``SliceSampler(span=True)`` and ``SliceSampler(strict_length=False)``
   right after a write.
+- ``prioritized sample-after-write``: ``PrioritizedSliceSampler`` (64 slices of 4,
+  done flags) right after a write, in a full buffer of 1,000- and 100-step episodes,
+  where TorchRL's C++ extension loads; its floor is a ``PrioritizedSampler`` sample of
+  the same batch (``floor_median_s``).
 
 The floors, timed in the same rounds as the two variants, on the patched buffer's
 storage: a ``RandomSampler`` sample of the same batch (``floor_median_s``: what
@@ -63,6 +67,8 @@ import torchrl
 from tensordict import TensorDict
 from torchrl.data import (
     LazyTensorStorage,
+    PrioritizedSampler,
+    PrioritizedSliceSampler,
     RandomSampler,
     ReplayBuffer,
     SliceSampler,
@@ -176,6 +182,8 @@ def _family_sampler(case: Case):
         return SliceSampler(span=True, **kwargs)
     if case.mode == "not_strict":
         return SliceSampler(strict_length=False, **kwargs)
+    if case.mode == "prioritized":
+        return PrioritizedSliceSampler(case.capacity, alpha=0.7, beta=0.5, **kwargs)
     raise ValueError(case.mode)
 
 
@@ -291,6 +299,8 @@ def use_gpu_pair(request):
 def family_pair(request):
     """Buffers whose sampler is one of SliceSampler's siblings, stock and patched, filled
     and sampled once."""
+    if request.param.mode == "prioritized":
+        request.getfixturevalue("torchrl_extension")
     yield from _filled_pair(request)
 
 
@@ -463,6 +473,15 @@ def _floor_sample(pair, sampler) -> Callable[[], None]:
     return _on_device(rb.sample, patched.device)
 
 
+def _prioritized_floor(pair) -> Callable[[], None]:
+    """The floor of a prioritized slice sample: a ``PrioritizedSampler`` sample of the
+    same batch from the patched buffer's storage, every stored row at priority 1."""
+    storage = pair["patched"].rb.storage
+    sampler = PrioritizedSampler(pair["patched"].case.capacity, alpha=0.7, beta=0.5)
+    sampler.update_priority(torch.arange(len(storage)), 1.0)
+    return _floor_sample(pair, sampler)
+
+
 def _random_floor(pair) -> Callable[[], None]:
     """The floor of a pair's sample: a ``RandomSampler`` sample of the same batch from
     the patched buffer's storage, by a buffer of the same class (what TorchRL's
@@ -523,7 +542,12 @@ def _floors(pair, *, after_write: bool = False) -> dict[str, Floor | Callable[[]
     ``after_write``: each floor's turn follows a write of its own into the patched
     buffer (untimed), as the sample it is the floor of follows one.
     """
-    floors = {"floor": Floor(_random_floor(pair)), "gather_floor": _gather_floor(pair)}
+    case = pair["patched"].case
+    if case.mode == "prioritized":
+        floor = _prioritized_floor(pair)
+    else:
+        floor = _random_floor(pair)
+    floors = {"floor": Floor(floor), "gather_floor": _gather_floor(pair)}
     if not after_write:
         return floors
     write = _write(pair)

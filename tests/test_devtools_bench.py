@@ -136,6 +136,8 @@ def test_the_default_run_has_the_siblings_rows():
         "done-1M-1.2M-without_replacement-episode10",
         "done-1M-1.2M-span-episode10",
         "done-1M-1.2M-not_strict-episode10",
+        "done-1M-1M-prioritized-episode1000",
+        "done-1M-1M-prioritized-episode100",
     }
 
 

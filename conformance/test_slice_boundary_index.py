@@ -474,6 +474,15 @@ RANDOM_SETUPS = [
         buffer="ReplayBuffer",
     ),
     SliceSetup(sampler="PrioritizedSliceSampler", storage="ndim2", keys="end_key"),
+    # stock's stops of shorter slices, lane by lane (one slice: a start past its lane's
+    # last stop is often the only one)
+    SliceSetup(
+        sampler="PrioritizedSliceSampler",
+        storage="ndim2",
+        keys="end_key",
+        options=(("num_slices", 1), ("span", (0, True))),
+        batch_size=6,
+    ),
 ]
 
 

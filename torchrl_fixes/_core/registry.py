@@ -458,13 +458,13 @@ class Registry:
             TargetChanged: the edits of two fixes do not apply one after the other
                 (nothing is installed for that method then).
         """
-        patching.uninstall(self._edited)
-        self._edited = []
         methods: dict[tuple[int, str], list[SourceEdits]] = {}
         for name in self._fixes:
             for edit in self._source_edits.get(name, ()):
                 methods.setdefault((id(edit.owner), edit.name), []).append(edit)
         replacements = [patching.compose_source_edits(e) for e in methods.values()]
+        patching.uninstall(self._edited)
+        self._edited = []
         self._edited = patching.install(self._wrap_methods(replacements))
 
     def applied(self) -> list[str]:

@@ -158,7 +158,7 @@ def note_priorities_set(wrapped, instance, args, kwargs):
 
 
 def forget_eligible_starts(wrapped, instance, args, kwargs):
-    """``PrioritizedSampler.loads``: the priorities it writes in place are read anew."""
+    """``PrioritizedSliceSampler.loads``: the priorities it writes in place are read anew."""
     instance.__dict__.pop("_eligible_starts", None)
     return wrapped(*args, **kwargs)
 
@@ -294,7 +294,7 @@ class SliceBoundaryIndex(Fix):
             "sum tree",
         ),
         # TensorStorage.set, Storage.__getstate__, SliceSampler.__init__,
-        # PrioritizedSampler.update_priority and .loads and
+        # PrioritizedSampler.update_priority, PrioritizedSliceSampler.loads and
         # PrioritizedSliceSampler.__getstate__ are wrapped whatever their code;
         # before 0.14 the mutation revision is backported too
         # (mutation_revision.BUMPED).
@@ -328,7 +328,7 @@ class SliceBoundaryIndex(Fix):
                 sample_without_replacement_from_index,
             ),
             (PrioritizedSampler, "update_priority", note_priorities_set),
-            (PrioritizedSampler, "loads", forget_eligible_starts),
+            (PrioritizedSliceSampler, "loads", forget_eligible_starts),
             (PrioritizedSliceSampler, "__getstate__", state_without_eligible_starts),
         ]
         if _backports_mutation_revision():

@@ -94,8 +94,11 @@ class EligibleStarts:
             self._set_count = np.inf  # an index this tree does not read: rebuild
             return
         rows = rows.reshape(-1).cpu().numpy()
-        self._set_rows.append(rows)
         self._set_count += rows.size
+        if self._set_count > self.capacity // 4:  # rebuilt at the next sample
+            self._set_rows, self._set_count = [], np.inf
+        else:
+            self._set_rows.append(rows)
 
     def catch_up(self) -> bool:
         """Writes the rows changed since; False where they are not known (rebuild)."""
@@ -154,8 +157,27 @@ def _eligible_starts(sampler, storage, seq_length: int):
     storage the index does not read or of two batch dims, a sum tree on an
     accelerator, a sampler that overrides how the rows to exclude are found or
     caches them (``cache_values=True``), and slices whose length leaves no row to
-    exclude.
+    exclude. The eligible starts are dropped then: the stock code may leave the
+    priorities it zeroes at zero.
     """
+    tail = _tail(sampler, storage, seq_length)
+    found = None if tail is None else _current_index(sampler, storage)
+    if found is None:
+        sampler.__dict__.pop("_eligible_starts", None)
+        return None
+    index, device = found
+    starts = sampler.__dict__.get("_eligible_starts")
+    if starts is None or not starts.serves(sampler, index, tail) or not starts.catch_up():
+        starts = sampler.__dict__["_eligible_starts"] = EligibleStarts(
+            sampler, index, tail, device
+        )
+    starts.device = device
+    return starts
+
+
+def _tail(sampler, storage, seq_length: int) -> int | None:
+    """How many of the last rows of a trajectory no slice of ``seq_length`` starts at,
+    where the eligible starts serve ``sampler`` (None elsewhere)."""
     if (
         sampler.cache_values
         or _overrides(sampler, "_get_stop_and_length")
@@ -172,22 +194,9 @@ def _eligible_starts(sampler, storage, seq_length: int):
         return None  # the sampler moves its trees to the storage's accelerator
     span_right = sampler.span[1]
     if span_right and isinstance(span_right, bool):
-        tail = 1
-    else:
-        tail = seq_length - 1 - span_right
-    if tail < 1:
-        return None  # _preceding_stop_idx's own slicing decides
-    found = _current_index(sampler, storage)
-    if found is None:
-        return None
-    index, device = found
-    starts = sampler.__dict__.get("_eligible_starts")
-    if starts is None or not starts.serves(sampler, index, tail) or not starts.catch_up():
-        starts = sampler.__dict__["_eligible_starts"] = EligibleStarts(
-            sampler, index, tail, device
-        )
-    starts.device = device
-    return starts
+        return 1
+    tail = seq_length - 1 - span_right
+    return tail if tail >= 1 else None  # else _preceding_stop_idx's slicing decides
 
 
 def prioritized_sample_edits(stock) -> tuple:
@@ -253,6 +262,8 @@ SLICE_STOP_EDITS = (
         diff = stop_idx_corr.unsqueeze(1) - starts_tensor.unsqueeze(0)
 """,
         """        diff = stop_idx.unsqueeze(1) - starts_tensor.unsqueeze(0)
+        # a stop before the start is one around the ring
+        diff[:, :, 0] %= storage._len_along_dim0
 """,
     ),
     (
@@ -264,9 +275,7 @@ SLICE_STOP_EDITS = (
         # TODO: here things may not work bc we could have spanning trajs,
         #  though I cannot show that it breaks in the tests
 """,
-        """        # a stop before the start is one around the ring
-        diff[diff < 0] += storage._len_along_dim0
-        stops = starts_tensor[:, 0] + diff.min(dim=0).values
+        """        stops = starts_tensor[:, 0] + diff.min(dim=0).values
 """,
     ),
 )

@@ -21,6 +21,7 @@ import pytest
 import torchrl_fixes
 from devtools import upstream_patches
 from devtools.torchrl_matrix import NIGHTLY_VERSION
+from torchrl_fixes._core.patching import SourceEdits, compose_source_edits
 from torchrl_fixes._core.versions import installed_version
 
 SERIES = upstream_patches.SERIES[0]
@@ -209,7 +210,11 @@ def test_edited_methods_are_the_runtime_methods(patched):
 
 
 def _plan(fix) -> dict:
-    return {f"{r.owner.__name__}.{r.name}": r.new for r in fix.plan() if isinstance(r.owner, type)}
+    """The methods the fix puts in classes; a method it edits (SourceEdits) with its edits alone."""
+    replacements = [
+        compose_source_edits([r]) if isinstance(r, SourceEdits) else r for r in fix.plan()
+    ]
+    return {f"{r.owner.__name__}.{r.name}": r.new for r in replacements if isinstance(r.owner, type)}
 
 
 def test_export_check_names_stale_patches(monkeypatch, rendered, tmp_path, capsys):

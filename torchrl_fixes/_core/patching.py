@@ -8,6 +8,7 @@ from __future__ import annotations
 import __future__
 
 import functools
+import hashlib
 import importlib
 import inspect
 import linecache
@@ -343,7 +344,9 @@ def derive_from_source(
         f"{textwrap.indent(source, '    ')}\n"
         f"    return {stock.__name__}\n"
     )
-    filename = f"<torchrl_fixes {stock.__module__}.{stock.__qualname__}>"
+    # one name per source: inspect and tracebacks find each variant's own lines
+    digest = hashlib.sha256(factory.encode()).hexdigest()[:8]
+    filename = f"<torchrl_fixes {stock.__module__}.{stock.__qualname__} {digest}>"
     linecache.cache[filename] = (len(factory), None, factory.splitlines(True), filename)
     code = compile(
         factory, filename, "exec", flags=__future__.annotations.compiler_flag, dont_inherit=True

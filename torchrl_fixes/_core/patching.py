@@ -69,10 +69,6 @@ class SourceEdits:
     edits: tuple
     names: Mapping[str, Any] = field(default_factory=dict)
 
-    @property
-    def path(self) -> str:
-        return f"{_owner_path(self.owner)}.{self.name}"
-
 
 def compose_source_edits(edits: Sequence[SourceEdits]) -> Replacement:
     """One :class:`Replacement` that makes every one of ``edits`` (to the same method), in order.

@@ -33,7 +33,9 @@ pytestmark = pytest.mark.filterwarnings(
 )
 
 
-class _StockSliceSamplerWithoutReplacement(WholeStorageRecovery, SliceSamplerWithoutReplacement):
+class _StockSliceSamplerWithoutReplacement(
+    WholeStorageRecovery, SliceSamplerWithoutReplacement
+):
     """SliceSamplerWithoutReplacement as main runs it."""
 
 

@@ -307,8 +307,15 @@ class TrajectoryIndex:
 
     def count(self, min_length: int = 1) -> int:
         """How many trajectories are at least ``min_length`` rows long."""
-        shorter = self._shorter(min_length).size if min_length > 1 else 0
-        return len(self._stops) - shorter
+        if min_length <= 1:
+            return len(self._stops)
+        short = self._short.get(min_length)
+        if short is None or min_length in self._excluded:
+            return len(self._stops) - self._shorter(min_length).size
+        # the shorter ones without their ranks: those kept, and each lane's first
+        lengths = self._lane_lengths
+        first_short = np.count_nonzero((lengths > 0) & (lengths < min_length))
+        return len(self._stops) - len(short) - first_short
 
     def select(self, ranks: np.ndarray, min_length: int = 1) -> tuple:
         """The ``ranks``-th trajectories among those at least ``min_length`` rows long.

@@ -25,6 +25,7 @@ import pytest
 import torch
 import torch.multiprocessing
 from tensordict import TensorDict
+from torchrl.data import SliceSampler
 from torchrl.data.replay_buffers import utils as replay_buffer_utils
 
 from conformance import harness, reference
@@ -425,6 +426,20 @@ RANDOM_SETUPS = [
         buffer="ReplayBuffer",
     ),
     SliceSetup(sampler="PrioritizedSliceSampler", storage="tensor", keys="end_key"),
+    # spans on one side: slices that start before their trajectory, or end after it
+    SliceSetup(
+        sampler="SliceSampler",
+        storage="ndim2",
+        keys="traj_key",
+        options=(("slice_len", 5), ("span", (True, 2))),
+        batch_size=20,
+    ),
+    SliceSetup(
+        sampler="SliceSampler",
+        storage="memmap",
+        keys="end_key",
+        options=(("num_slices", 4), ("span", (2, False))),
+    ),
     # trajectories too short for some slices: kept out (strict) or clamped (not strict)
     SliceSetup(
         sampler="SliceSamplerWithoutReplacement",
@@ -524,6 +539,43 @@ def test_random_interleaving_matches_stock(setup, seed, tmp_path, request):
     """Random single-row and multi-row writes (wrapping the ring) and samples: identical at every step."""
     require(setup, request)
     assert_same_as_stock(random_scenario(setup, seed, tmp_path), seed)
+
+
+# Samplers whose slices the index places in the drawn trajectories itself (TorchRL
+# 0.14 on, where _finalize_index adds the info): spans included; a span as long as the
+# slices reaches stock's error.
+PLACED_SLICES = [
+    ((("slice_len", 5),), True),
+    ((("slice_len", 5), ("span", True)), True),
+    ((("num_slices", 4), ("span", (2, 1))), True),
+    ((("num_slices", 4), ("span", (0, True))), True),
+    ((("slice_len", 5), ("span", (5, 0))), False),
+]
+
+
+@reference.runtime_only
+@pytest.mark.skipif(
+    "_finalize_index" not in vars(SliceSampler),
+    reason="the slices are placed before _finalize_index, which this TorchRL has not",
+)
+@pytest.mark.parametrize("options,placed", PLACED_SLICES, ids=[str(o) for o, _ in PLACED_SLICES])
+def test_slices_are_placed_in_the_drawn_trajectories(options, placed, monkeypatch, request):
+    """The index places the slices of a sampler with no spans, or spans shorter than its
+    slices, itself; the others go to the sampler's own code."""
+    from torchrl_fixes.fixes.slice_boundary_index import slice_sampling
+
+    setup = SliceSetup(keys="end_key", options=options, batch_size=20)
+    require(setup, request)
+    calls, place = [], slice_sampling._placed_slices
+    monkeypatch.setattr(
+        slice_sampling, "_placed_slices", lambda *args: calls.append(1) or place(*args)
+    )
+    run = Recording(setup, seed=0)
+    run.write(setup.time_capacity // 2)
+    run.sample(3)
+    assert len(calls) == (3 if placed else 0)
+    raised = [record for record in run.records if isinstance(record, tuple) and record[0] == "raised"]
+    assert bool(raised) != placed, run.records
 
 
 # ---------------------------------------------------------------------------

@@ -69,7 +69,7 @@ UPSTREAM_FILES = {
     "test/rb/test_slice_sampler_without_replacement_draw.py": "0006-slice-without-replacement-from-index",
     "benchmarks/test_slice_sampler_without_replacement_benchmark.py": "0006-slice-without-replacement-from-index",
     "test/rb/test_slice_sampler_lengths.py": "0007-variable-length-slices",
-    "benchmarks/test_slice_sampler_span_benchmark.py": "0007-variable-length-slices",
+    "benchmarks/test_slice_sampler_lengths_benchmark.py": "0007-variable-length-slices",
 }
 
 # The changes of a pull request: the runtime module ``source`` copied to its home (HOMES);

@@ -3,9 +3,9 @@
 ``SliceSampler.sample`` lists every trajectory of the storage and draws among them
 with ``torch.randint``. :func:`_sample_from_index` makes the same draw, with the same
 generator on the same device, among the trajectories of the storage's index, and
-hands the drawn ones alone to the sampler's code: ``O(batch)`` per sample. Slices of
-the sampler's length are indexed without its general code
-(:func:`_slices_of_one_length`).
+hands the drawn ones alone to the sampler's code: ``O(batch)`` per sample. The slices
+are placed in the drawn trajectories, spans included, without its general code
+(:func:`_placed_slices`).
 """
 from __future__ import annotations
 
@@ -90,8 +90,8 @@ def _slices_of_drawn(sampler, rows, seq_length, index, device, storage, padding=
             ``seq_length``, it lets ``_sample_slices`` drop the drawn ones too short
             (``strict_length=True``) as it drops them among all. Defaults to none.
     """
-    if padding is None and _one_length(sampler):
-        return _slices_of_one_length(sampler, rows, seq_length, index, device, storage)
+    if padding is None and _places_slices(sampler, seq_length):
+        return _placed_slices(sampler, rows, seq_length, index, device, storage)
     start_idx, stop_idx, lengths = _as_tensors(rows, device)
     drawn = lengths.numel()
     if padding is not None:
@@ -109,44 +109,71 @@ def _slices_of_drawn(sampler, rows, seq_length, index, device, storage, padding=
     )
 
 
-def _one_length(sampler) -> bool:
-    """Whether ``_get_index`` makes plain slices of one length for this sampler.
+def _places_slices(sampler, seq_length: int) -> bool:
+    """Whether :func:`_placed_slices` gives what ``_get_index`` does for this sampler.
 
-    That is, no span, no compiled or overridden index code, and an info built apart
-    (``_finalize_index``, TorchRL 0.14 on) in the flat layout.
+    That is, no compiled or overridden index code, an info built apart
+    (``_finalize_index``, TorchRL 0.14 on) in the flat layout, and spans that
+    ``_get_index`` takes (shorter than ``seq_length``, else it raises its error).
     """
     return (
-        not any(sampler.span)
-        and not sampler.compile
+        not sampler.compile
         and getattr(sampler, "output_layout", "flat") != "batch_time"
         and getattr(type(sampler), "_finalize_index", None) is not None
-        and not _overrides(sampler, "_tensor_slices_from_startend")
+        and not _overrides(sampler, "_tensor_slices_from_startend", "_start_to_end")
+        and all(span is True or span < seq_length for span in sampler.span)
     )
 
 
-def _slices_of_one_length(sampler, rows, seq_length, index, device, storage):
+def _placed_slices(sampler, rows, seq_length, index, device, storage):
     """What ``_get_index`` returns for slices of ``seq_length`` rows in ``rows``.
 
     ``rows`` are the drawn trajectories, as :meth:`TrajectoryIndex.select` gives
-    them. ``_get_index``'s own draw places each slice; ``_finalize_index`` adds the
-    info.
+    them, each long enough for a slice. ``_get_index``'s own draw places each slice,
+    where a span lets it start before its trajectory (``span[0]``) or end after it
+    (``span[1]``), and such a slice keeps only its rows in the trajectory;
+    ``_finalize_index`` adds the info.
     """
     start, _, lane, lengths = rows
-    room = torch.from_numpy(lengths - (seq_length - 1)).to(device)
+    before, after = sampler.span
+    first = 0 if not before else -seq_length + 1 if before is True else -before
+    last = (  # the last start, and one past it
+        lengths - seq_length + 1 if not after
+        else lengths + 1 if after is True
+        else lengths - after
+    )
+    room = torch.from_numpy(last - first).to(device)
     uniform = torch.rand(lengths.size, device=device, generator=sampler._rng)
     # uniform * room is not negative: the cast floors it, as _get_index does
-    relative_starts = uniform.mul_(room).cpu().numpy().astype(np.int64)
-    slice_rows = (start + relative_starts)[:, None] + np.arange(seq_length)
-    slice_rows = slice_rows.reshape(-1, 1)
+    relative_starts = uniform.mul_(room).cpu().numpy().astype(np.int64) + first
+    # _get_index makes the lengths a tensor where a slice leaves its trajectory
+    slice_lengths = np.full(lengths.size, seq_length)
+    clipped = False
+    if before and (relative_starts < 0).any():
+        slice_lengths += np.minimum(relative_starts, 0)
+        relative_starts = np.maximum(relative_starts, 0)
+        clipped = True
+    if after and (relative_starts + slice_lengths > lengths).any():
+        slice_lengths = np.minimum(slice_lengths, lengths - relative_starts)
+        clipped = True
+    slice_starts = start + relative_starts
+    if clipped:  # each slice's rows, after those of the slices before it
+        offsets = np.cumsum(slice_lengths) - slice_lengths
+        slice_rows = np.repeat(slice_starts - offsets, slice_lengths)
+        slice_rows += np.arange(slice_rows.size)
+    else:
+        slice_rows = (slice_starts[:, None] + np.arange(seq_length)).reshape(-1)
+    slice_rows = slice_rows[:, None]
     length, at_capacity, _ = index.state
     if at_capacity:  # a lane's first trajectory may run around the ring
         np.remainder(slice_rows, length, out=slice_rows)
     if lane is not None:
-        slice_rows = np.concatenate([slice_rows, lane.repeat(seq_length)[:, None]], 1)
+        lanes = np.repeat(lane, slice_lengths)[:, None]
+        slice_rows = np.concatenate([slice_rows, lanes], 1)
     return sampler._finalize_index(
         index=torch.from_numpy(slice_rows).to(device),
         num_slices=lengths.size,
-        seq_length=seq_length,
+        seq_length=torch.from_numpy(slice_lengths).to(device) if clipped else seq_length,
         target_seq_length=None,
         mask_flat=None,
         storage=storage,

@@ -39,6 +39,8 @@ _SAMPLERS = {
     "too short, strict": {"slice_len": 8, "end_key": ("next", "done")},
     "too short, not strict": {"slice_len": 8, "strict_length": False},
     "span": {"slice_len": 4, "span": True, "traj_key": "episode"},
+    "span before": {"num_slices": 6, "span": (2, False), "end_key": ("next", "done")},
+    "span after": {"slice_len": 4, "span": (0, True), "traj_key": "episode"},
 }
 
 

@@ -48,6 +48,23 @@ class EligibleStarts:
             ``seq_length - 1`` less the span on the right, 1 for ``span=True``.
         device (torch.device): where the storage's boundary columns are, and so the
             tensors the stock code makes from them.
+
+    Examples:
+        >>> import torch, torchrl_fixes
+        >>> from tensordict import TensorDict
+        >>> from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
+        >>> from torchrl.data.replay_buffers.samplers import PrioritizedSliceSampler
+        >>> sampler = PrioritizedSliceSampler(100, alpha=0.7, beta=0.5, slice_len=4)
+        >>> rb = TensorDictReplayBuffer(
+        ...     storage=LazyTensorStorage(100), sampler=sampler, batch_size=8
+        ... )
+        >>> done = (torch.arange(100) % 10 == 9).unsqueeze(-1)  # 10-step trajectories
+        >>> _ = rb.extend(TensorDict({("next", "done"): done}, [100]))
+        >>> _ = rb.sample()  # the sampler keeps its eligible starts from now on
+        >>> starts = sampler._eligible_starts
+        >>> # the last 3 rows of each trajectory have no priority there, the others theirs
+        >>> starts.tree[7], starts.tree[6] == sampler._sum_tree[6]
+        (0.0, True)
     """
 
     def __init__(self, sampler, index, tail: int, device: torch.device):

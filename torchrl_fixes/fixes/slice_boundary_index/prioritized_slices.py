@@ -46,8 +46,8 @@ class EligibleStarts:
         index (TrajectoryIndex): the trajectories of the sampler's storage, of one lane.
         tail (int): how many of the last rows of a trajectory no slice starts at:
             ``seq_length - 1`` less the span on the right, 1 for ``span=True``.
-        device (torch.device): where the storage's boundary columns are, and so the
-            tensors the stock code makes from them.
+        device (torch.device): where the storage's boundary columns are, and so
+            the tensors the sample makes from them.
 
     Examples:
         >>> import torch, torchrl_fixes
@@ -174,8 +174,13 @@ def _eligible_starts(sampler, storage, seq_length: int):
     storage the index does not read or of two batch dims, a sum tree on an
     accelerator, a sampler that overrides how the rows to exclude are found or
     caches them (``cache_values=True``), and slices whose length leaves no row to
-    exclude. The eligible starts are dropped then: the stock code may leave the
-    priorities it zeroes at zero.
+    exclude. The eligible starts are dropped then: the zeroing code may leave the
+    priorities it zeroes at zero (where its draw raises).
+
+    Args:
+        sampler (PrioritizedSliceSampler): the sampler.
+        storage (Storage): the storage it samples.
+        seq_length (int): the length of the slices drawn.
     """
     tail = _tail(sampler, storage, seq_length)
     found = None if tail is None else _current_index(sampler, storage)

@@ -198,8 +198,10 @@ def _eligible_starts(sampler, storage, seq_length: int):
 
 
 def _tail(sampler, storage, seq_length: int) -> int | None:
-    """How many of the last rows of a trajectory no slice of ``seq_length`` starts at,
-    where the eligible starts serve ``sampler`` (None elsewhere)."""
+    """How many of the last rows of a trajectory no slice of ``seq_length`` starts at.
+
+    None where the eligible starts do not serve ``sampler``.
+    """
     if (
         sampler.cache_values
         or _overrides(sampler, "_get_stop_and_length")

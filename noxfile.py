@@ -120,11 +120,13 @@ def conformance_extension(session: nox.Session) -> None:
 
     No TorchRL release's extension loads beside the CPU torch 2.13.0; torchrl 0.14.1's
     loads beside torch 2.14.1 (a CUDA build, about 5.5 GB installed, that also runs on
-    a CPU-only machine). Here a prioritized test that cannot run fails instead of skipping.
+    a CPU-only machine). The runtime's doctests run here too: those that build a
+    prioritized sampler skip elsewhere. Here a prioritized test that cannot run fails
+    instead of skipping.
     """
     _install(session, NEWEST, torch=EXTENSION_TORCH)
     session.run(
-        "python", "-m", "pytest", "conformance", *session.posargs,
+        "python", "-m", "pytest", "conformance", "--doctest-modules", "torchrl_fixes", *session.posargs,
         env={"TORCHRL_FIXES_REQUIRE_EXTENSION": "1"},
     )
 

@@ -61,15 +61,19 @@ UPSTREAM_FILES = {
     "benchmarks/test_slice_sampler_gather_benchmark.py": "0002-single-gather",
     "test/rb/test_trajectory_index.py": "0003-trajectory-index",
     "test/rb/test_storage_index.py": "0004-slice-boundaries-from-index",
+    "test/rb/_slice_sampler_common.py": "0004-slice-boundaries-from-index",
     "test/rb/test_slice_sampler_index.py": "0004-slice-boundaries-from-index",
     "benchmarks/_slice_sampler_buffers.py": "0004-slice-boundaries-from-index",
     "benchmarks/test_slice_sampler_index_benchmark.py": "0004-slice-boundaries-from-index",
-    "test/rb/_slice_sampler_common.py": "0005-slice-draw-from-index",
     "test/rb/test_slice_sampler_draw.py": "0005-slice-draw-from-index",
     "test/rb/test_slice_sampler_without_replacement_draw.py": "0006-slice-without-replacement-from-index",
     "benchmarks/test_slice_sampler_without_replacement_benchmark.py": "0006-slice-without-replacement-from-index",
     "test/rb/test_slice_sampler_lengths.py": "0007-variable-length-slices",
     "benchmarks/test_slice_sampler_lengths_benchmark.py": "0007-variable-length-slices",
+    "test/rb/test_prioritized_slice_stops.py": "0008-prioritized-slice-stops",
+    "test/rb/test_trajectory_index_changes.py": "0009-prioritized-slice-eligible-starts",
+    "test/rb/test_prioritized_slice_eligible_starts.py": "0009-prioritized-slice-eligible-starts",
+    "benchmarks/test_prioritized_slice_sampler_benchmark.py": "0009-prioritized-slice-eligible-starts",
 }
 
 # The changes of a pull request: the runtime module ``source`` copied to its home (HOMES);
@@ -78,7 +82,9 @@ UPSTREAM_FILES = {
 # ``path``, dedented as derive_from_source edits a stock method at runtime; ``(name,
 # source, runtime module)`` of functions put in ``path``, each in place of the definition
 # ``name`` ("function" or "Class.method"), or else right before the definition ``before``.
-Module, Upstream, Edit = namedtuple("Module", "source"), namedtuple("Upstream", "path"), namedtuple("Edit", "path scope edits")
+# A Module's ``held`` edits are made in its copy: the parts a later pull request adds.
+Upstream, Edit = namedtuple("Upstream", "path"), namedtuple("Edit", "path scope edits")
+Module = namedtuple("Module", "source held", defaults=((),))
 Functions = namedtuple("Functions", "path functions before", defaults=(None,))
 # A pull request: patches/main/<name>.patch and .md, its changes (read from the runtime when
 # called), and the fix whose declared fallbacks ``{fallbacks}`` in its text stands for.
@@ -241,14 +247,100 @@ def _variable_length_slices() -> list:
     ]
 
 
+# What the trajectory index keeps for the eligible starts of 0009, which adds it: its
+# revision and the key ranges of its last changes (changes_since), and stops_around.
+_TI = f"{RB}/trajectory_index.py"
+_CHANGES_KEPT = (
+    Edit(_TI, None, (
+        ("from __future__ import annotations\n\nfrom collections import deque\n\nimport numpy as np\n",
+         "from __future__ import annotations\n\nimport numpy as np\n"),
+        ("_LANE_FIRST = np.iinfo(np.int64).max\n# The changes :meth:`TrajectoryIndex.changes_since` can list; "
+         "a reader further behind rebuilds.\n_KEPT_CHANGES = 256\n", "_LANE_FIRST = np.iinfo(np.int64).max\n"),
+    )),
+    Edit(_TI, "TrajectoryIndex.__init__", ((
+        "    self._boundaries = None\n    self.revision = self._assigned = 0  # the changes made to the stops\n"
+        "    self._changes = deque(maxlen=_KEPT_CHANGES)  # their key ranges\n", "    self._boundaries = None\n"),)),
+    Edit(_TI, "TrajectoryIndex.assign", ((
+        "    self._stops = SortedKeys(stops, gaps)\n    self.revision += 1\n"
+        "    self._assigned = self.revision  # changes_since knows no change before\n",
+        "    self._stops = SortedKeys(stops, gaps)\n"),)),
+    Edit(_TI, "TrajectoryIndex._rewrite", ((
+        "    stops, base = self._stops, lo - lo % self.capacity\n    self.revision += 1\n"
+        "    self._changes.append((lo, hi))\n", "    stops, base = self._stops, lo - lo % self.capacity\n"),)),
+)
+_HELD_METHODS = ("changes_since", "stops_around")  # together, right before boundaries
+
+
+def _held_methods() -> tuple:
+    """The :class:`Functions` entries of :data:`_HELD_METHODS`, from the runtime's TrajectoryIndex."""
+    from torchrl_fixes.fixes.slice_boundary_index import trajectory_index as module
+
+    source = inspect.getsource(module)
+    return tuple((f"TrajectoryIndex.{name}", _segment(source, _nodes(source, f"TrajectoryIndex.{name}")[0]),
+                  module.__name__) for name in _HELD_METHODS)
+
+
+def _trajectory_index() -> list:
+    methods = "\n".join(textwrap.indent(source, "    ") for _, source, _ in _held_methods()) + "\n"
+    return [Module(f"{_SBI}.trajectory_index", (*_CHANGES_KEPT, Edit(_TI, "TrajectoryIndex", ((methods, ""),))))]
+
+
+def _trajectory_index_changes() -> list:
+    """What 0003 held back (:data:`_CHANGES_KEPT`), in the runtime's words."""
+    return [
+        *(edit._replace(edits=tuple((new, old) for old, new in edit.edits)) for edit in _CHANGES_KEPT),
+        Functions(_TI, _held_methods(), before="TrajectoryIndex.boundaries"),
+    ]
+
+
+_PSS = f"{RB}/samplers/prioritized_slice.py"
+
+
+def _prioritized_slice_stops() -> list:
+    from torchrl_fixes.fixes.slice_boundary_index.prioritized_slices import SLICE_STOP_EDITS
+
+    return [Edit(_PSS, "PrioritizedSliceSampler.sample", SLICE_STOP_EDITS)]
+
+
+def _prioritized_slice_eligible_starts() -> list:
+    from torchrl.data.replay_buffers.samplers import PrioritizedSliceSampler
+
+    import torchrl_fixes
+    from torchrl_fixes.fixes.slice_boundary_index import prioritized_slices as fix
+
+    # the edits find the stock lines they replace; neither 0002's edits nor 0008's touch them
+    edits = fix.prioritized_sample_edits(torchrl_fixes.get_original(PrioritizedSliceSampler, "sample"))
+    return [
+        *_trajectory_index_changes(),
+        Functions(_PSS, _reached(fix, "_eligible_starts"), before="PrioritizedSliceSampler"),
+        Edit(_PSS, "PrioritizedSliceSampler.sample", edits),
+        _after(_PSS, "PrioritizedSliceSampler.__getstate__",  # state_without_eligible_starts
+               "    state.update(PrioritizedSampler.__getstate__(self))\n",
+               "    # the eligible starts are the sampler's own: never pickled",
+               '    state.pop("_eligible_starts", None)'),
+        _after(_PSS, "PrioritizedSliceSampler.loads", "def loads(self, path):\n",  # forget_eligible_starts
+               "    # the priorities it writes in place are read anew",
+               '    self.__dict__.pop("_eligible_starts", None)'),
+        _after(_PSS, None, "from .prioritized import PrioritizedSampler\n",
+               "from torchrl.data.replay_buffers.samplers._slice_boundaries import _current_index, _overrides"),
+        _after(f"{RB}/samplers/prioritized.py", "PrioritizedSampler.update_priority",  # note_priorities_set
+               "    self._sum_tree[index] = priority\n",
+               '    eligible_starts = self.__dict__.get("_eligible_starts")',
+               "    if eligible_starts is not None:",
+               "        eligible_starts.priorities_set(index)"),
+    ]
+
+
 PRS = (
     PR("0001-pinned-sample-output", _pinned_sample_output),
     PR("0002-single-gather", _single_gather, "single_gather"),
-    PR("0003-trajectory-index", lambda: [Module(f"{_SBI}.trajectory_index")]),
+    PR("0003-trajectory-index", _trajectory_index),
     PR("0004-slice-boundaries-from-index", _slice_boundaries_from_index, "slice_boundary_index"),
     PR("0005-slice-draw-from-index", _slice_draw_from_index),
     PR("0006-slice-without-replacement-from-index", _slice_without_replacement_from_index),
     PR("0007-variable-length-slices", _variable_length_slices),
+    PR("0008-prioritized-slice-stops", _prioritized_slice_stops),
+    PR("0009-prioritized-slice-eligible-starts", _prioritized_slice_eligible_starts),
 )
 
 
@@ -297,7 +389,10 @@ def _apply(tree: Path, change, before: dict[str, str | None]) -> None:
         module = isinstance(change, Module) and importlib.import_module(change.source)
         text = _upstream_text(inspect.getsource(module) if module else (UPSTREAM_DIR / path).read_text(), change[0])
         (tree / path).parent.mkdir(parents=True, exist_ok=True)
-        return (tree / path).write_text(text if text.startswith("# Copyright") else _LICENSE + text)
+        (tree / path).write_text(text if text.startswith("# Copyright") else _LICENSE + text)
+        for edit in change.held if isinstance(change, Module) else ():
+            _apply(tree, edit, before)
+        return None
     text = (tree / path).read_text()
     if isinstance(change, Edit):
         nodes = [None] if change.scope is None else _nodes(text, change.scope)

@@ -195,7 +195,14 @@ def test_edited_methods_are_the_runtime_methods(patched):
 
     with torchrl_fixes.disabled():  # planned against stock code, as when applied
         plans = {**_plan(pinned_sample_output.PinnedSampleOutput()), **_plan(single_gather.SingleGather())}
+        index_plan = slice_boundary_index.SliceBoundaryIndex().plan()
         derived = _plan(slice_boundary_index.SliceBoundaryIndex())["SliceSampler._tensor_slices_from_startend"]
+        # PrioritizedSliceSampler.sample: single_gather's edits (0002), then the index's (0008, 0009)
+        prioritized = [
+            r for r in [*single_gather.SingleGather().plan(), *index_plan]
+            if isinstance(r, SourceEdits) and (r.owner.__name__, r.name) == ("PrioritizedSliceSampler", "sample")
+        ]
+        plans["PrioritizedSliceSampler.sample"] = compose_source_edits(prioritized).new
     plans["SliceSampler._tensor_slices_from_startend"] = derived  # the others it plans are wrappers
     rb = patched / upstream_patches.RB
     for path, qualname in [

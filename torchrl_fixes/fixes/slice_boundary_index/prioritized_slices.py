@@ -46,8 +46,25 @@ class EligibleStarts:
         index (TrajectoryIndex): the trajectories of the sampler's storage, of one lane.
         tail (int): how many of the last rows of a trajectory no slice starts at:
             ``seq_length - 1`` less the span on the right, 1 for ``span=True``.
-        device (torch.device): where the storage's boundary columns are, and so the
-            tensors the stock code makes from them.
+        device (torch.device): where the storage's boundary columns are, and so
+            the tensors the sample makes from them.
+
+    Examples:
+        >>> import torch, torchrl_fixes
+        >>> from tensordict import TensorDict
+        >>> from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
+        >>> from torchrl.data.replay_buffers.samplers import PrioritizedSliceSampler
+        >>> sampler = PrioritizedSliceSampler(100, alpha=0.7, beta=0.5, slice_len=4)
+        >>> rb = TensorDictReplayBuffer(
+        ...     storage=LazyTensorStorage(100), sampler=sampler, batch_size=8
+        ... )
+        >>> done = (torch.arange(100) % 10 == 9).unsqueeze(-1)  # 10-step trajectories
+        >>> _ = rb.extend(TensorDict({("next", "done"): done}, [100]))
+        >>> _ = rb.sample()  # the sampler keeps its eligible starts from now on
+        >>> starts = sampler._eligible_starts
+        >>> # the last 3 rows of each trajectory have no priority there, the others theirs
+        >>> starts.tree[7], starts.tree[6] == sampler._sum_tree[6]
+        (0.0, True)
     """
 
     def __init__(self, sampler, index, tail: int, device: torch.device):
@@ -157,8 +174,13 @@ def _eligible_starts(sampler, storage, seq_length: int):
     storage the index does not read or of two batch dims, a sum tree on an
     accelerator, a sampler that overrides how the rows to exclude are found or
     caches them (``cache_values=True``), and slices whose length leaves no row to
-    exclude. The eligible starts are dropped then: the stock code may leave the
-    priorities it zeroes at zero.
+    exclude. The eligible starts are dropped then: the zeroing code may leave the
+    priorities it zeroes at zero (where its draw raises).
+
+    Args:
+        sampler (PrioritizedSliceSampler): the sampler.
+        storage (Storage): the storage it samples.
+        seq_length (int): the length of the slices drawn.
     """
     tail = _tail(sampler, storage, seq_length)
     found = None if tail is None else _current_index(sampler, storage)
@@ -176,8 +198,10 @@ def _eligible_starts(sampler, storage, seq_length: int):
 
 
 def _tail(sampler, storage, seq_length: int) -> int | None:
-    """How many of the last rows of a trajectory no slice of ``seq_length`` starts at,
-    where the eligible starts serve ``sampler`` (None elsewhere)."""
+    """How many of the last rows of a trajectory no slice of ``seq_length`` starts at.
+
+    None where the eligible starts do not serve ``sampler``.
+    """
     if (
         sampler.cache_values
         or _overrides(sampler, "_get_stop_and_length")

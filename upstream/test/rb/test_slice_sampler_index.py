@@ -18,6 +18,7 @@ import pickle
 import pytest
 import torch
 import torch.multiprocessing as mp
+from _slice_sampler_common import WholeStorageRecovery
 from tensordict import is_tensor_collection, TensorDict
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage, ReplayBuffer
 from torchrl.data.replay_buffers.samplers import (
@@ -39,29 +40,12 @@ _KEYS = {
 }
 
 
-class _WholeStorageRecovery:
-    """Recovers the boundaries from the whole storage, as main does, and counts it.
-
-    Overriding how the boundaries are found keeps a sampler off the index.
-    """
-
-    recoveries = 0
-
-    def _find_start_stop_traj(self, *args, **kwargs):
-        self.recoveries += 1
-        return super()._find_start_stop_traj(*args, **kwargs)
-
-    def _end_to_start_stop(self, end, length):
-        self.recoveries += 1
-        return super()._end_to_start_stop(end, length)
-
-
-class _StockSliceSampler(_WholeStorageRecovery, SliceSampler):
+class _StockSliceSampler(WholeStorageRecovery, SliceSampler):
     pass
 
 
 class _StockSliceSamplerWithoutReplacement(
-    _WholeStorageRecovery, SliceSamplerWithoutReplacement
+    WholeStorageRecovery, SliceSamplerWithoutReplacement
 ):
     pass
 

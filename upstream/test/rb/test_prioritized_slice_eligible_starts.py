@@ -1,0 +1,150 @@
+# Copyright (c) Meta Platforms, Inc. and affiliates.
+#
+# This source code is licensed under the MIT license found in the
+# LICENSE file in the root directory of this source tree.
+"""PrioritizedSliceSampler draws its slice starts from a sum tree the writes keep.
+
+Every sample must be exactly (index, weights and data) the sample of a sampler that
+runs main's code (the priorities of the rows no slice starts at set to zero in its
+own sum tree, then written back), from the same priorities with the same torch and
+numpy generator states, whatever was written and whatever priorities were set; and
+the sampler's own priorities are never written by a sample.
+"""
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import pytest
+import torch
+from _slice_sampler_common import assert_same_sample, slice_steps
+from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
+from torchrl.data.replay_buffers.samplers import PrioritizedSliceSampler
+
+try:  # PrioritizedSliceSampler keeps its priorities in the C++ extension's sum trees
+    import torchrl._torchrl  # noqa: F401
+
+    _has_extension = True
+except ImportError:
+    _has_extension = False
+
+pytestmark = [
+    pytest.mark.skipif(
+        not _has_extension, reason="the TorchRL C++ extension is not available"
+    ),
+    # short batches are what strict_length=False and span give
+    pytest.mark.filterwarnings(
+        "ignore:SliceSampler returned a short flat batch:UserWarning"
+    ),
+]
+
+
+class _ZeroingPrioritizedSliceSampler(PrioritizedSliceSampler):
+    """Zeroes the priorities of the rows no slice starts at, then draws, as main
+    does: overriding how those rows are found keeps a sampler on main's code."""
+
+    def _preceding_stop_idx(self, *args, **kwargs):
+        return super()._preceding_stop_idx(*args, **kwargs)
+
+
+_SAMPLERS = {
+    "strict": {"slice_len": 4},
+    "not strict": {"slice_len": 8, "strict_length": False},
+    "span to the stop": {"slice_len": 4, "span": (0, True)},
+    "span": {"slice_len": 6, "span": (1, 2)},
+    "ids": {"slice_len": 4, "traj_key": "episode"},
+}
+
+
+def _buffers(capacity, kwargs):
+    """A buffer of the sampler, and one of the sampler that runs main's code."""
+    return [
+        TensorDictReplayBuffer(
+            storage=LazyTensorStorage(capacity),
+            sampler=cls(max_capacity=capacity, alpha=0.7, beta=0.5, **kwargs),
+            batch_size=48,
+        )
+        for cls in (PrioritizedSliceSampler, _ZeroingPrioritizedSliceSampler)
+    ]
+
+
+def _seed(seed):
+    """Seeds the draws: PrioritizedSampler draws with numpy on CPU."""
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+
+
+def _sample(rb, seed):
+    _seed(seed)
+    try:
+        return rb.sample(return_info=True)
+    except RuntimeError as err:
+        return str(err)
+
+
+class TestEligibleStarts:
+    @pytest.mark.parametrize("name", list(_SAMPLERS))
+    def test_samples_are_main_s(self, name):
+        """While the buffers fill, wrap around and have priorities set (few rows and
+        many, where trajectories changed and elsewhere), each sample is main's."""
+        rb, ref = _buffers(400, _SAMPLERS[name])
+        generator = torch.Generator().manual_seed(0)
+        for step in range(24):
+            steps = slice_steps(
+                step, int(torch.randint(1, 90, (), generator=generator))
+            )
+            rb.extend(steps)
+            ref.extend(steps)
+            if step % 3 == 1:
+                count = 300 if step % 6 == 1 else 5
+                index = torch.randint(len(rb), (count,), generator=generator)
+                priority = torch.rand(count, generator=generator) * 10
+                rb.update_priority(index, priority)
+                ref.update_priority(index, priority)
+            got, expected = _sample(rb, step), _sample(ref, step)
+            assert_same_sample(got, expected, f"sample {step}")
+        assert "_eligible_starts" in vars(rb.sampler)
+        assert "_eligible_starts" not in vars(ref.sampler)
+
+    def test_priorities_are_not_written_by_a_sample(self):
+        """A sample that finds no row to start at raises, and leaves the priorities
+        as they were (main's leaves those rows at zero)."""
+        sampler = PrioritizedSliceSampler(10, alpha=0.7, beta=0.5, slice_len=4)
+        rb = TensorDictReplayBuffer(
+            storage=LazyTensorStorage(10), sampler=sampler, batch_size=8
+        )
+        done = torch.tensor([0, 1, 0, 1, 0, 0, 1], dtype=torch.bool).unsqueeze(-1)
+        rb.extend(slice_steps(0, 7).set(("next", "done"), done))  # none of 4 rows
+        before = torch.as_tensor(sampler._sum_tree[range(7)])
+        with pytest.raises(RuntimeError, match="non-positive p_sum"):
+            rb.sample()
+        assert torch.equal(torch.as_tensor(sampler._sum_tree[range(7)]), before)
+
+    def test_update_priority_is_seen(self):
+        """Once a row's priority is set far above the others', every slice starts there."""
+        rb, ref = _buffers(200, {"slice_len": 4})
+        steps = slice_steps(1, 200)
+        steps.set(("next", "done"), torch.zeros(200, 1, dtype=torch.bool))
+        for buffer in (rb, ref):
+            buffer.extend(steps)
+        _sample(rb, 0)  # the eligible starts are kept from now on
+        for row, before in ((17, 0), (150, 17)):  # the row before it back to 1
+            for buffer in (rb, ref):
+                buffer.update_priority(
+                    torch.tensor([before, row]), torch.tensor([1.0, 1e9])
+                )
+            got = _sample(rb, row)
+            assert_same_sample(got, _sample(ref, row), f"row {row}")
+            assert got[1]["index"][0].view(-1, 4)[:, 0].eq(row).all()
+
+    def test_pickled_state_drops_the_eligible_starts(self):
+        rb, _ = _buffers(100, {"slice_len": 4})
+        rb.extend(slice_steps(2, 100))
+        rb.sample()
+        assert "_eligible_starts" in vars(rb.sampler)
+        assert "_eligible_starts" not in rb.sampler.__getstate__()
+
+
+if __name__ == "__main__":
+    args, unknown = argparse.ArgumentParser().parse_known_args()
+    pytest.main([__file__, "--capture", "no", "--exitfirst"] + unknown)

@@ -136,13 +136,14 @@ def _placed_slices(sampler, rows, seq_length, index, device, storage):
     """
     start, _, lane, lengths = rows
     before, after = sampler.span
+    # each slice starts in [first, end) of its trajectory's rows
     first = 0 if not before else -seq_length + 1 if before is True else -before
-    last = (  # the last start, and one past it
+    end = (
         lengths - seq_length + 1 if not after
         else lengths + 1 if after is True
         else lengths - after
     )
-    room = torch.from_numpy(last - first).to(device)
+    room = torch.from_numpy(end - first).to(device)
     uniform = torch.rand(lengths.size, device=device, generator=sampler._rng)
     # uniform * room is not negative: the cast floors it, as _get_index does
     relative_starts = uniform.mul_(room).cpu().numpy().astype(np.int64) + first

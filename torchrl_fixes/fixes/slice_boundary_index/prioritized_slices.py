@@ -173,9 +173,9 @@ def _eligible_starts(sampler, storage, seq_length: int):
     None where ``PrioritizedSliceSampler.sample`` zeroes the priorities itself: a
     storage the index does not read or of two batch dims, a sum tree on an
     accelerator, a sampler that overrides how the rows to exclude are found or
-    caches them (``cache_values=True``), and slices whose length leaves no row to
-    exclude. The eligible starts are dropped then: the zeroing code may leave the
-    priorities it zeroes at zero (where its draw raises).
+    caches them (``cache_values=True``), and slices of one row or a right span of
+    ``seq_length - 1`` (``_preceding_stop_idx`` excludes every row there). The
+    eligible starts are dropped then, and built again when they serve again.
 
     Args:
         sampler (PrioritizedSliceSampler): the sampler.
@@ -229,7 +229,8 @@ def prioritized_sample_edits(stock) -> tuple:
     Where it returns the sampler's eligible starts, they are drawn from, and the
     slices that may be shorter end at the stops the index gives
     (:meth:`EligibleStarts.slice_lengths`); elsewhere the stock code runs, as
-    written, one level down.
+    written, one level down, save that it writes the priorities it zeroed back
+    even where its draw raises.
     """
     source = textwrap.dedent(inspect.getsource(stock))
     head = (
@@ -237,9 +238,18 @@ def prioritized_sample_edits(stock) -> tuple:
         "    seq_length, num_slices = self._adjusted_batch_size(batch_size)\n"
     )
     first = source.index("    preceding_stop_idx = self._preceding_stop_idx(")
+    draw = source.index("    starts, info = PrioritizedSampler.sample(")
     restored = "    self._sum_tree[preceding_stop_idx.cpu().numpy()] = vals\n"
     truncate = "    # We must truncate the seq_length if (1) not strict length or (2) span[1]\n"
     zeroing = source[first : source.index(restored) + len(restored)]
+    drawn = source[draw : source.index(restored)]
+    restoring = (  # a draw that raises leaves no priority at zero
+        zeroing[: draw - first]
+        + "    try:\n"
+        + textwrap.indent(drawn, "    ", str.strip)
+        + "    finally:\n"
+        + textwrap.indent(restored, "    ")
+    )
     return (
         (
             head,
@@ -251,7 +261,7 @@ def prioritized_sample_edits(stock) -> tuple:
             "    if eligible_starts is None:\n"
             "        start_idx, stop_idx, lengths = self._get_stop_and_length(storage)\n"
             "        device = lengths.device\n"
-            + textwrap.indent(zeroing, "    ", str.strip)
+            + textwrap.indent(restoring, "    ", str.strip)
             + "    else:\n"
             "        device = eligible_starts.device\n"
             "        starts, info = eligible_starts.sample(\n"

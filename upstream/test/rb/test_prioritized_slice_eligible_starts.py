@@ -84,7 +84,7 @@ def _sample(rb, seed):
 
 class TestEligibleStarts:
     @pytest.mark.parametrize("name", list(_SAMPLERS))
-    def test_samples_are_main_s(self, name):
+    def test_samples_equal_the_zeroing_samplers(self, name):
         """While the buffers fill, wrap around and have priorities set (few rows and
         many, where trajectories changed and elsewhere), each sample is main's."""
         rb, ref = _buffers(400, _SAMPLERS[name])
@@ -106,10 +106,14 @@ class TestEligibleStarts:
         assert "_eligible_starts" in vars(rb.sampler)
         assert "_eligible_starts" not in vars(ref.sampler)
 
-    def test_priorities_are_not_written_by_a_sample(self):
+    # cache_values=True: the rows to exclude are zeroed in the sampler's own tree
+    @pytest.mark.parametrize("cache_values", [False, True])
+    def test_priorities_are_not_written_by_a_sample(self, cache_values):
         """A sample that finds no row to start at raises, and leaves the priorities
         as they were (main's leaves those rows at zero)."""
-        sampler = PrioritizedSliceSampler(10, alpha=0.7, beta=0.5, slice_len=4)
+        sampler = PrioritizedSliceSampler(
+            10, alpha=0.7, beta=0.5, slice_len=4, cache_values=cache_values
+        )
         rb = TensorDictReplayBuffer(
             storage=LazyTensorStorage(10), sampler=sampler, batch_size=8
         )

@@ -90,7 +90,7 @@ def _slices_of_drawn(sampler, rows, seq_length, index, device, storage, padding=
             ``seq_length``, it lets ``_sample_slices`` drop the drawn ones too short
             (``strict_length=True``) as it drops them among all. Defaults to none.
     """
-    if padding is None and _places_slices(sampler, seq_length):
+    if padding is None and _can_place_slices(sampler, seq_length):
         return _placed_slices(sampler, rows, seq_length, index, device, storage)
     start_idx, stop_idx, lengths = _as_tensors(rows, device)
     drawn = lengths.numel()
@@ -109,7 +109,7 @@ def _slices_of_drawn(sampler, rows, seq_length, index, device, storage, padding=
     )
 
 
-def _places_slices(sampler, seq_length: int) -> bool:
+def _can_place_slices(sampler, seq_length: int) -> bool:
     """Whether :func:`_placed_slices` gives what ``_get_index`` does for this sampler.
 
     That is, no compiled or overridden index code, an info built apart

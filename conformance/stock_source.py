@@ -142,12 +142,15 @@ def _assigned_names(node: ast.AST) -> set[str] | None:
 
 
 def _without_new_names(patched: ast.Module, stock: ast.Module) -> ast.Module:
-    """``patched`` less the module-level assignments to names stock never binds: only patched code reads them."""
+    """``patched`` less the module-level assignments and classes of names stock never
+    binds: only patched code reads them."""
     bound = {name for node in stock.body for name in (_assigned_names(node) or ())}
+    classes = {node.name for node in stock.body if isinstance(node, ast.ClassDef)}
     body = [
         node
         for node in patched.body
-        if (names := _assigned_names(node)) is None or names & bound
+        if not (isinstance(node, ast.ClassDef) and node.name not in classes)
+        and ((names := _assigned_names(node)) is None or names & bound)
     ]
     return ast.Module(body, [])
 
@@ -208,12 +211,13 @@ def changed_definitions(stock_root: Path, patched_root: Path) -> list[_Definitio
             )
         module = _module_name(patched_root, patched)
         stock_defs, patched_defs = _definitions(stock_tree), _definitions(patched_tree)
+        stock_classes = {node.name for node in stock_tree.body if isinstance(node, ast.ClassDef)}
         for key in sorted(set(stock_defs) | set(patched_defs), key=str):
             before = [ast.dump(n) for n in stock_defs.get(key, [])]
             after = [ast.dump(n) for n in patched_defs.get(key, [])]
-            if before == after:
-                continue
             owner, name = key
+            if before == after or owner is not None and owner not in stock_classes:
+                continue  # a class the patches add: only patched code uses it
             here = [n for n in stock_defs.get(key, []) if _implemented_here(n)]
             if len(here) > 1:
                 raise StockSourceError(f"{rel}: {name} is defined twice for this version")

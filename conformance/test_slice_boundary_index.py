@@ -162,7 +162,9 @@ def stock_restores_priorities():
     if not PRIORITIZED_STARTS_KEPT:
         yield
         return
-    stock = vars(PrioritizedSliceSampler)["sample"]
+    current = vars(PrioritizedSliceSampler)["sample"]
+    # stock's own source (on a patched TorchRL source, what the stock run compiles)
+    stock = reference.stock_attribute(PrioritizedSliceSampler, "sample")
     restored = "    try:\n" + textwrap.indent(_RESTORED, "    ").replace(
         "        self._sum_tree", "    finally:\n        self._sum_tree"
     )
@@ -173,7 +175,7 @@ def stock_restores_priorities():
     try:
         yield
     finally:
-        PrioritizedSliceSampler.sample = stock
+        PrioritizedSliceSampler.sample = current
 
 
 @pytest.mark.stock_bug

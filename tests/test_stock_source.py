@@ -62,7 +62,12 @@ def test_changed_added_and_decorated_definitions_are_found(tmp_path):
     patched = (
         STOCK.replace("return x + 1", "return x + 2")
         .replace("        return 0\n", "        self.count = 1\n        return 0\n")
-        .replace("class Buffer:", "_NEW = 1\n\n\ndef added():\n    return _NEW\n\n\nclass Buffer:")
+        .replace(
+            "class Buffer:",
+            "_NEW = 1\n\n\ndef added():\n    return _NEW\n\n\n"
+            "class _Added:\n    size = 2\n\n    def get(self):\n        return _NEW\n\n\n"
+            "class Buffer:",
+        )
         + "\n    def flush(self):\n        return added()\n"
     )
     found = _found(changed_definitions(*_packages(tmp_path, patched)))

@@ -197,6 +197,23 @@ CUDA_SETUPS = [
         device="cuda",
     ),
     SliceSetup(sampler="SliceSamplerWithoutReplacement", storage="tensor", keys="end_key", device="cuda"),
+    # spans, placed in the drawn trajectories with the draws on the GPU
+    SliceSetup(
+        sampler="SliceSampler",
+        storage="tensor",
+        keys="end_key",
+        options=(("slice_len", 5), ("span", True)),
+        batch_size=20,
+        device="cuda",
+    ),
+    SliceSetup(
+        sampler="SliceSampler",
+        storage="ndim2",
+        keys="traj_key",
+        options=(("num_slices", 4), ("span", (2, False))),
+        batch_size=24,
+        device="cuda",
+    ),
 ]
 
 

@@ -147,16 +147,14 @@ def _placed_slices(sampler, rows, seq_length, index, device, storage):
     uniform = torch.rand(lengths.size, device=device, generator=sampler._rng)
     # uniform * room is not negative: the cast floors it, as _get_index does
     relative_starts = uniform.mul_(room).cpu().numpy().astype(np.int64) + first
-    # _get_index makes the lengths a tensor where a slice leaves its trajectory
-    slice_lengths = np.full(lengths.size, seq_length)
-    clipped = False
-    if before and (relative_starts < 0).any():
-        slice_lengths += np.minimum(relative_starts, 0)
-        relative_starts = np.maximum(relative_starts, 0)
-        clipped = True
-    if after and (relative_starts + slice_lengths > lengths).any():
-        slice_lengths = np.minimum(slice_lengths, lengths - relative_starts)
-        clipped = True
+    # a slice keeps its rows in its trajectory; _get_index makes the lengths a
+    # tensor where one leaves it
+    slice_lengths, clipped = seq_length, False
+    if before or after:
+        kept = np.maximum(relative_starts, 0)
+        slice_lengths = np.minimum(relative_starts + seq_length, lengths) - kept
+        relative_starts = kept
+        clipped = (slice_lengths != seq_length).any()
     slice_starts = start + relative_starts
     if clipped:  # each slice's rows, after those of the slices before it
         offsets = np.cumsum(slice_lengths) - slice_lengths

@@ -8,22 +8,10 @@ load, as the tests that need it do.
 """
 from __future__ import annotations
 
-import os
 from collections import Counter
 
 import pytest
 from _pytest.doctest import DoctestItem
-
-
-def _extension_loads() -> bool:
-    from torchrl.data import PrioritizedSampler
-
-    try:
-        PrioritizedSampler(8, alpha=0.7, beta=0.5)
-    # 0.8 and 0.9 raise NameError: the segment tree class was never imported
-    except (RuntimeError, ImportError, NameError):
-        return os.environ.get("TORCHRL_FIXES_REQUIRE_EXTENSION") == "1"  # then they fail
-    return True
 
 
 def pytest_collection_modifyitems(config, items):
@@ -33,12 +21,14 @@ def pytest_collection_modifyitems(config, items):
         if isinstance(item, DoctestItem)
         and any("Prioritized" in example.source for example in item.dtest.examples)
     ]
-    if prioritized and not _extension_loads():
-        # imported here: conformance.reference imports torchrl_fixes, which applies the fixes
-        from conformance.reference import EXTENSION_SKIP_REASON
+    if not prioritized:
+        return
+    # imported here: conformance.reference imports torchrl_fixes, which applies the fixes
+    from conformance import reference
 
+    if reference.extension_load_error() is not None and not reference.extension_required():
         for item in prioritized:
-            item.add_marker(pytest.mark.skip(reason=EXTENSION_SKIP_REASON))
+            item.add_marker(pytest.mark.skip(reason=reference.EXTENSION_SKIP_REASON))
 
 
 def _skip_reason(report) -> str:

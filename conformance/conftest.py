@@ -69,19 +69,15 @@ def torchrl_extension():
     With ``TORCHRL_FIXES_REQUIRE_EXTENSION=1`` (the environment meant to cover the
     prioritized buffers) the test fails instead.
     """
-    from torchrl.data import PrioritizedSampler
-
-    with reference.stock():
-        try:
-            PrioritizedSampler(8, alpha=0.7, beta=0.5)
-        # 0.8 and 0.9 raise NameError: the segment tree class was never imported
-        except (RuntimeError, ImportError, NameError) as err:
-            if os.environ.get("TORCHRL_FIXES_REQUIRE_EXTENSION") == "1":
-                pytest.fail(
-                    f"TorchRL's C++ extension does not load beside torch {torch.__version__}, "
-                    f"so a stock PrioritizedSampler fails too: {_extension_import_error(err)}"
-                )
-            pytest.skip(reference.EXTENSION_SKIP_REASON)
+    err = reference.extension_load_error()
+    if err is None:
+        return
+    if reference.extension_required():
+        pytest.fail(
+            f"TorchRL's C++ extension does not load beside torch {torch.__version__}, "
+            f"so a stock PrioritizedSampler fails too: {_extension_import_error(err)}"
+        )
+    pytest.skip(reference.EXTENSION_SKIP_REASON)
 
 
 @pytest.fixture

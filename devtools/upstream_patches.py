@@ -323,12 +323,28 @@ def _prioritized_slice_eligible_starts() -> list:
                '    self.__dict__.pop("_eligible_starts", None)'),
         _after(_PSS, None, "from .prioritized import PrioritizedSampler\n",
                "from torchrl.data.replay_buffers.samplers._slice_boundaries import _current_index, _overrides"),
-        _after(f"{RB}/samplers/prioritized.py", "PrioritizedSampler.update_priority",  # note_priorities_set
-               "    self._sum_tree[index] = priority\n",
-               '    eligible_starts = self.__dict__.get("_eligible_starts")',
-               "    if eligible_starts is not None:",
-               "        eligible_starts.priorities_set(index)"),
+        # note_priorities_set, as the sampler's own update_priority
+        Edit(_PSS, "PrioritizedSliceSampler", (("    def __getstate__(self):\n", _UPDATE_PRIORITY + "    def __getstate__(self):\n"),)),
     ]
+
+
+_UPDATE_PRIORITY = '''    def update_priority(
+        self,
+        index: int | torch.Tensor,
+        priority: float | torch.Tensor,
+        *,
+        storage: Storage | None = None,
+    ) -> None:
+        """Updates the priorities of ``index`` (see :meth:`PrioritizedSampler.update_priority`).
+
+        The eligible starts read the priorities of these rows anew.
+        """
+        super().update_priority(index, priority, storage=storage)
+        eligible_starts = self.__dict__.get("_eligible_starts")
+        if eligible_starts is not None:
+            eligible_starts.priorities_set(index)
+
+'''
 
 
 PRS = (

@@ -1,4 +1,4 @@
-"""EligibleStarts holds the priorities ``PrioritizedSliceSampler.sample`` draws from, kept from the index's changes.
+"""_EligibleStarts holds the priorities ``PrioritizedSliceSampler.sample`` draws from, kept from the index's changes.
 
 Every answer is checked against a brute-force one written from the rule alone: the
 stops a storage's done flags and state make, the stops around each row, the key
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from torchrl_fixes.fixes.slice_boundary_index.prioritized_slices import EligibleStarts
+from torchrl_fixes.fixes.slice_boundary_index.prioritized_slices import _EligibleStarts
 from torchrl_fixes.fixes.slice_boundary_index.trajectory_index import TrajectoryIndex
 
 CPU = torch.device("cpu")
@@ -204,7 +204,7 @@ def test_fresh_tree_zeroes_the_preceding_stops(strict, tail, full, seed):
     ring, index = _random_state(rng, capacity, full)
     sampler = _sampler(rng, capacity, strict)
     priorities = sampler._sum_tree.values.copy()
-    starts = EligibleStarts(sampler, index, tail, CPU)
+    starts = _EligibleStarts(sampler, index, tail, CPU)
     assert np.array_equal(sampler._sum_tree.values, priorities)  # the sampler's is never written
     expected = _reference(ring, index, priorities, tail, strict)
     assert np.array_equal(starts.tree.values, expected)
@@ -216,7 +216,7 @@ def test_fresh_tree_zeroes_the_rows_stock_lists():
     index.assign(np.array([2, 7]), length=10, at_capacity=True, cursor=4)
     for strict, closed in [(True, [1, 2, 3, 4, 6, 7]), (False, [1, 2, 4, 6, 7])]:
         sampler = _sampler(np.random.default_rng(0), 10, strict)
-        tree = EligibleStarts(sampler, index, 2, CPU).tree.values
+        tree = _EligibleStarts(sampler, index, 2, CPU).tree.values
         assert np.flatnonzero(tree == 0).tolist() == closed
 
 
@@ -229,7 +229,7 @@ def test_caught_up_tree_equals_a_fresh_one(seed):
     ring.write(int(rng.integers(1, capacity // 2)), False, False)
     index.assign(np.flatnonzero(ring.ends[: ring.length]), *ring.state())
     sampler = _sampler(rng, capacity, strict)
-    starts = EligibleStarts(sampler, index, tail, CPU)
+    starts = _EligibleStarts(sampler, index, tail, CPU)
     caught = 0
     for step in range(40):
         if rng.random() < 0.8:
@@ -245,8 +245,8 @@ def test_caught_up_tree_equals_a_fresh_one(seed):
         if starts.serves(sampler, index, tail) and starts.catch_up():
             caught += 1
         else:
-            starts = EligibleStarts(sampler, index, tail, CPU)
-        fresh = EligibleStarts(sampler, index, tail, CPU).tree.values
+            starts = _EligibleStarts(sampler, index, tail, CPU)
+        fresh = _EligibleStarts(sampler, index, tail, CPU).tree.values
         expected = _reference(ring, index, sampler._sum_tree.values, tail, strict)
         assert np.array_equal(fresh, expected), step
         assert np.array_equal(starts.tree.values, expected), step
@@ -259,7 +259,7 @@ def test_catch_up_refuses_past_the_changes_kept():
     ring.write(16, False, False)
     index.assign(np.flatnonzero(ring.ends), *ring.state())
     sampler = _sampler(np.random.default_rng(1), 16, True)
-    starts = EligibleStarts(sampler, index, 2, CPU)
+    starts = _EligibleStarts(sampler, index, 2, CPU)
     while index.revision - starts.revision <= 256:
         index.update(*ring.state(), ring.write(1, False, False))
     assert starts.serves(sampler, index, 2)
@@ -269,7 +269,7 @@ def test_catch_up_refuses_past_the_changes_kept():
 def test_serves_only_the_sampler_and_index_it_follows():
     ring, index = _random_state(np.random.default_rng(2), 16, True)
     sampler = _sampler(np.random.default_rng(2), 16, False)
-    starts = EligibleStarts(sampler, index, 2, CPU)
+    starts = _EligibleStarts(sampler, index, 2, CPU)
     assert starts.serves(sampler, index, 2)
     assert not starts.serves(sampler, index, 3)
     assert not starts.serves(sampler, TrajectoryIndex(16), 2)

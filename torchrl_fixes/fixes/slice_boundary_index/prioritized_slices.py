@@ -4,7 +4,7 @@
 start at (the last rows of every trajectory, ``_preceding_stop_idx``:
 ``O(stored rows)``), sets their priorities to zero in the sampler's sum tree, draws
 its starts, and writes the priorities back; slices that may be shorter find their
-trajectory's stop in a matrix of every stop by every start. :class:`EligibleStarts`
+trajectory's stop in a matrix of every stop by every start. :class:`_EligibleStarts`
 keeps a second sum tree on the sampler: its priorities with those rows at zero,
 brought up to date from the rows whose stops (:meth:`TrajectoryIndex.changes_since`)
 or priorities (``update_priority``) changed. The tree holds the same values as the
@@ -32,7 +32,7 @@ from torchrl_fixes.fixes.slice_boundary_index.slice_boundaries import (
 )
 
 
-class EligibleStarts:
+class _EligibleStarts:
     """The sum tree a ``PrioritizedSliceSampler`` draws its slice starts from.
 
     It holds the sampler's priorities (its ``_sum_tree``), with zero at each row
@@ -88,7 +88,7 @@ class EligibleStarts:
             and self.tail == tail
             and self.strict_length == sampler.strict_length
             and self.at_capacity == index.state[1]
-            and self._set_count <= index.capacity // 4
+            and self._set_count <= self.capacity // 4
         )
 
     def sample(self, sampler, storage, batch_size: int) -> tuple:
@@ -168,7 +168,7 @@ class _WithSumTree:
 
 
 def _eligible_starts(sampler, storage, seq_length: int):
-    """The sampler's :class:`EligibleStarts` for slices of ``seq_length``, brought up to date.
+    """The sampler's :class:`_EligibleStarts` for slices of ``seq_length``, brought up to date.
 
     None where ``PrioritizedSliceSampler.sample`` zeroes the priorities itself: a
     storage the index does not read or of two batch dims, a sum tree on an
@@ -190,7 +190,7 @@ def _eligible_starts(sampler, storage, seq_length: int):
     index, device = found
     starts = sampler.__dict__.get("_eligible_starts")
     if starts is None or not starts.serves(sampler, index, tail) or not starts.catch_up():
-        starts = sampler.__dict__["_eligible_starts"] = EligibleStarts(
+        starts = sampler.__dict__["_eligible_starts"] = _EligibleStarts(
             sampler, index, tail, device
         )
     starts.device = device
@@ -228,7 +228,7 @@ def prioritized_sample_edits(stock) -> tuple:
 
     Where it returns the sampler's eligible starts, they are drawn from, and the
     slices that may be shorter end at the stops the index gives
-    (:meth:`EligibleStarts.slice_lengths`); elsewhere the stock code runs, as
+    (:meth:`_EligibleStarts.slice_lengths`); elsewhere the stock code runs, as
     written, one level down, save that it writes the priorities it zeroed back
     even where its draw raises.
     """

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from dataclasses import replace
 
 import pytest
 import torch
@@ -33,7 +34,13 @@ from conformance.slice_scenarios import (
     record_sample,
     tdmpc2_buffer,
 )
-from conformance.test_slice_boundary_index import _NOT_IN_EFFECT, FIX, random_plan, require
+from conformance.test_slice_boundary_index import (
+    _NOT_IN_EFFECT,
+    FIX,
+    RANDOM_SETUPS,
+    random_plan,
+    require,
+)
 
 pytestmark = [
     pytest.mark.skipif(_NOT_IN_EFFECT is not None, reason=f"{FIX} does not act here ({_NOT_IN_EFFECT})"),
@@ -129,8 +136,6 @@ USE_GPU_SETUPS = [
 
 
 def with_use_gpu(setup: SliceSetup, use_gpu) -> SliceSetup:
-    from dataclasses import replace
-
     return replace(setup, options=(*setup.options, ("use_gpu", use_gpu)))
 
 
@@ -197,22 +202,14 @@ CUDA_SETUPS = [
         device="cuda",
     ),
     SliceSetup(sampler="SliceSamplerWithoutReplacement", storage="tensor", keys="end_key", device="cuda"),
-    # spans, placed in the drawn trajectories with the draws on the GPU
-    SliceSetup(
-        sampler="SliceSampler",
-        storage="tensor",
-        keys="end_key",
-        options=(("slice_len", 5), ("span", True)),
-        batch_size=20,
-        device="cuda",
-    ),
-    SliceSetup(
-        sampler="SliceSampler",
-        storage="ndim2",
-        keys="traj_key",
-        options=(("num_slices", 4), ("span", (2, False))),
-        batch_size=24,
-        device="cuda",
+    # spans, placed in the drawn trajectories with the draws on the GPU: the
+    # SliceSampler spans of the interleavings on the CPU, on storages the GPU holds
+    *(
+        replace(setup, device="cuda")
+        for setup in RANDOM_SETUPS
+        if setup.sampler == "SliceSampler"
+        and dict(setup.options).get("span")
+        and setup.storage in ("tensor", "ndim2")
     ),
 ]
 

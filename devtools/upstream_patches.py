@@ -335,9 +335,9 @@ _UPDATE_PRIORITY = '''    def update_priority(
         *,
         storage: Storage | None = None,
     ) -> None:
-        """Updates the priorities of ``index`` (see :meth:`PrioritizedSampler.update_priority`).
+        """Updates the priorities of ``index``: see :meth:`PrioritizedSampler.update_priority` for the arguments.
 
-        The eligible starts read the priorities of these rows anew.
+        The sum tree the slice starts are drawn from reads these rows anew at the next sample.
         """
         super().update_priority(index, priority, storage=storage)
         eligible_starts = self.__dict__.get("_eligible_starts")

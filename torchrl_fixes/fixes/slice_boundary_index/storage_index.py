@@ -138,7 +138,7 @@ def _written_rows(cursor, capacity: int) -> np.ndarray | None:
     if isinstance(cursor, tuple):
         return None  # an index along several dims
     if isinstance(cursor, torch.Tensor):
-        cursor = cursor.cpu()
+        cursor = cursor.cpu().numpy()
     cursor = np.asarray(cursor)
     if cursor.dtype == np.bool_ and cursor.ndim == 1:
         return np.flatnonzero(cursor)

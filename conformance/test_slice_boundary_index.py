@@ -21,6 +21,7 @@ import random
 import textwrap
 import zlib
 
+import numpy as np
 import pytest
 import torch
 import torch.multiprocessing
@@ -203,6 +204,36 @@ def test_stock_loses_priorities_when_its_draw_raises(cache_values, torchrl_exten
     patched_before, patched_after = run_patched(scenario)
     assert stock_before.gt(0).all() and stock_after.eq(0).all()  # lost
     assert torch.equal(patched_after, patched_before)
+
+
+@pytest.mark.torchrl_extension
+@pytest.mark.skipif(not PRIORITIZED_STARTS_KEPT, reason="the eligible starts are not kept here")
+def test_subclass_update_priority_keeps_stock_zeroing(torchrl_extension):
+    """A subclass with its own update_priority (which need not call
+    PrioritizedSliceSampler's) draws from stock's zeroed tree: the same slices as stock
+    after its priorities are set, and no eligible starts kept."""
+    from torchrl.data import LazyTensorStorage, PrioritizedSliceSampler, TensorDictReplayBuffer
+    from torchrl.data.replay_buffers.samplers import PrioritizedSampler
+
+    def scenario():
+        class Sampler(PrioritizedSliceSampler):
+            def update_priority(self, index, priority, *, storage=None):
+                PrioritizedSampler.update_priority(self, index, priority, storage=storage)
+
+        sampler = Sampler(100, alpha=0.7, beta=0.5, slice_len=4)
+        rb = TensorDictReplayBuffer(storage=LazyTensorStorage(100), sampler=sampler, batch_size=16)
+        done = (torch.arange(100) % 10 == 9).unsqueeze(-1)
+        rb.extend(TensorDict({("next", "done"): done}, [100]))
+        rb.sample()
+        rb.update_priority(torch.tensor([17, 52]), torch.tensor([1e9, 1e9]))
+        torch.manual_seed(0)
+        np.random.seed(0)
+        return rb.sample(return_info=True)[1]["index"], "_eligible_starts" in vars(sampler)
+
+    (stock_index, _), (patched_index, kept) = harness.run_stock(scenario), run_patched(scenario)
+    assert all(map(torch.equal, stock_index, patched_index))
+    assert {int(row) for row in patched_index[0].view(-1, 4)[:, 0]} <= {17, 52}
+    assert not kept
 
 
 @pytest.mark.stock_bug

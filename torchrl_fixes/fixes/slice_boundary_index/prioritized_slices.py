@@ -172,8 +172,8 @@ def _eligible_starts(sampler, storage, seq_length: int):
 
     None where ``PrioritizedSliceSampler.sample`` zeroes the priorities itself: a
     storage the index does not read or of two batch dims, a sum tree on an
-    accelerator, a sampler that overrides how the rows to exclude are found or
-    caches them (``cache_values=True``), and slices of one row or a right span of
+    accelerator, a sampler that overrides how the rows to exclude are found or how
+    priorities are set, or caches them (``cache_values=True``), and slices of one row or a right span of
     ``seq_length - 1`` (``_preceding_stop_idx`` excludes every row there). The
     eligible starts are dropped then, and built again when they serve again.
 
@@ -207,6 +207,9 @@ def _tail(sampler, storage, seq_length: int) -> int | None:
         or _overrides(sampler, "_get_stop_and_length")
         or type(sampler)._preceding_stop_idx
         is not PrioritizedSliceSampler._preceding_stop_idx
+        # the eligible starts learn of set priorities from this update_priority alone
+        or type(sampler).update_priority
+        is not PrioritizedSliceSampler.update_priority
         or storage.ndim != 1
     ):
         return None

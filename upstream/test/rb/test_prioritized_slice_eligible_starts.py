@@ -19,7 +19,10 @@ import pytest
 import torch
 from _slice_sampler_common import assert_same_sample, slice_steps
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
-from torchrl.data.replay_buffers.samplers import PrioritizedSliceSampler
+from torchrl.data.replay_buffers.samplers import (
+    PrioritizedSampler,
+    PrioritizedSliceSampler,
+)
 
 try:  # PrioritizedSliceSampler keeps its priorities in the C++ extension's sum trees
     import torchrl._torchrl  # noqa: F401
@@ -140,6 +143,29 @@ class TestEligibleStarts:
             got = _sample(rb, row)
             assert_same_sample(got, _sample(ref, row), f"row {row}")
             assert got[1]["index"][0].view(-1, 4)[:, 0].eq(row).all()
+
+    def test_update_priority_of_a_subclass_is_seen(self):
+        """A subclass that sets its priorities without PrioritizedSliceSampler's
+        update_priority draws from them all the same."""
+
+        class Sampler(PrioritizedSliceSampler):
+            def update_priority(self, index, priority, *, storage=None):
+                PrioritizedSampler.update_priority(
+                    self, index, priority, storage=storage
+                )
+
+        rb = TensorDictReplayBuffer(
+            storage=LazyTensorStorage(200),
+            sampler=Sampler(200, alpha=0.7, beta=0.5, slice_len=4),
+            batch_size=48,
+        )
+        steps = slice_steps(1, 200)
+        steps.set(("next", "done"), torch.zeros(200, 1, dtype=torch.bool))
+        rb.extend(steps)
+        rb.sample()
+        rb.update_priority(torch.tensor([17]), torch.tensor([1e9]))
+        _, info = rb.sample(return_info=True)
+        assert info["index"][0].view(-1, 4)[:, 0].eq(17).all()
 
     def test_pickled_state_drops_the_eligible_starts(self):
         rb, _ = _buffers(100, {"slice_len": 4})

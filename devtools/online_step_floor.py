@@ -29,6 +29,24 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def stream_rows(start: int, n: int, episode: int = 1000):
+    """Steps ``start`` to ``start + n`` of the stream the floor measurements write.
+
+    A TensorDict of ``obs`` (4 zeros), the ``episode`` id, and ``("next", "done")`` and
+    ``("next", "terminated")`` set at the last step of every ``episode`` steps.
+    """
+    import torch
+    from tensordict import TensorDict
+
+    step = torch.arange(start, start + n)
+    done = ((step + 1) % episode == 0).unsqueeze(-1)
+    return TensorDict(
+        {"obs": torch.zeros(n, 4), "episode": step // episode, ("next", "done"): done,
+         ("next", "terminated"): done},
+        [n],
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.stored < 10_000 or args.rounds < 1:
@@ -39,19 +57,9 @@ def main(argv: list[str] | None = None) -> int:
         import torchrl_fixes  # noqa: F401
     import torch
     import torchrl
-    from tensordict import TensorDict
     from torchrl.data import LazyTensorStorage, RandomSampler, SliceSampler, TensorDictReplayBuffer
 
     torch.set_num_threads(1)
-
-    def rows(start: int, n: int) -> TensorDict:
-        step = torch.arange(start, start + n)
-        done = ((step + 1) % 1000 == 0).unsqueeze(-1)
-        return TensorDict(
-            {"obs": torch.zeros(n, 4), "episode": step // 1000, ("next", "done"): done,
-             ("next", "terminated"): done},
-            [n],
-        )
 
     keys = {"traj_key": "episode"} if args.key == "episode" else {"end_key": ("next", "done")}
     capacity = args.stored * 3 // 2
@@ -66,12 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     }
     for rb in buffers.values():
         for start in range(0, args.stored, 1_000_000):
-            rb.extend(rows(start, min(1_000_000, args.stored - start)))
+            rb.extend(stream_rows(start, min(1_000_000, args.stored - start)))
         rb.sample()
     times: dict[str, list[float]] = {name: [] for name in buffers}
     position = args.stored
     for round_ in range(args.rounds):
-        new = rows(position, 1000)
+        new = stream_rows(position, 1000)
         position += 1000
         order = list(buffers) if round_ % 2 else list(buffers)[::-1]
         for name in order:

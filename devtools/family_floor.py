@@ -1,0 +1,117 @@
+"""A sample of one of the slice family right after a write, against its floor, in one process.
+
+Each round writes 1,000 rows (``without_replacement``: none, the buffer is static),
+then times one sample of 64 slices of 4 and one of its floor, in that order: a
+``RandomSampler`` sample of the same batch from the same storage, or for
+``prioritized`` a ``PrioritizedSampler`` one (every row at priority 1). The rows are
+the online step's (:func:`devtools.online_step_floor.stream_rows`), in a
+``TensorDictReplayBuffer``. One torch thread. Whichever TorchRL is imported is timed:
+stock, with ``--fixes`` the runtime fixes, or a patched source put first on
+``PYTHONPATH``::
+
+    python -m devtools.family_floor --sampler span --fixes
+    python -m devtools.family_floor --sampler prioritized --stored 1000000 --episode 100 --fixes
+
+``prioritized`` needs TorchRL's C++ extension (``nox -s conformance_extension``
+installs a torch it loads beside).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+from devtools.online_step_floor import stream_rows
+
+SAMPLERS = ("slice", "span", "not_strict", "without_replacement", "prioritized")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m devtools.family_floor", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--sampler", choices=SAMPLERS, default="span",
+                        help="SliceSampler (slice, span=True, strict_length=False), "
+                        "SliceSamplerWithoutReplacement or PrioritizedSliceSampler")
+    parser.add_argument("--stored", type=int, default=5_000_000,
+                        help="rows stored before the loop (prioritized: the buffer's capacity)")
+    parser.add_argument("--episode", type=int, default=10, help="steps per episode")
+    parser.add_argument("--key", choices=["done", "episode"], default="done",
+                        help="the boundary signal the sampler reads (default: done)")
+    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--fixes", action="store_true", help="import torchrl_fixes first")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.stored < 10_000 or args.rounds < 1 or not 4 <= args.episode <= args.stored:
+        print("family_floor: --stored must be at least 10000, --rounds at least 1 and "
+              "--episode from 4 to --stored", file=sys.stderr)
+        return 2
+    if args.fixes:
+        import torchrl_fixes  # noqa: F401
+    import torch
+    import torchrl
+    from torchrl.data import LazyTensorStorage, RandomSampler, TensorDictReplayBuffer
+    from torchrl.data.replay_buffers.samplers import (
+        PrioritizedSampler,
+        PrioritizedSliceSampler,
+        SliceSampler,
+        SliceSamplerWithoutReplacement,
+    )
+
+    torch.set_num_threads(1)
+    keys = {"traj_key": "episode"} if args.key == "episode" else {"end_key": ("next", "done")}
+    # a full buffer for the prioritized sampler, whose writes then wrap around
+    capacity = args.stored if args.sampler == "prioritized" else args.stored * 6 // 5
+    sampler = {
+        "slice": lambda: SliceSampler(num_slices=64, **keys),
+        "span": lambda: SliceSampler(num_slices=64, span=True, **keys),
+        "not_strict": lambda: SliceSampler(num_slices=64, strict_length=False, **keys),
+        "without_replacement": lambda: SliceSamplerWithoutReplacement(num_slices=64, **keys),
+        "prioritized": lambda: PrioritizedSliceSampler(
+            capacity, alpha=0.7, beta=0.5, num_slices=64, **keys
+        ),
+    }[args.sampler]()
+    rb = TensorDictReplayBuffer(
+        storage=LazyTensorStorage(capacity), sampler=sampler, batch_size=256
+    )
+    for start in range(0, args.stored, 1_000_000):
+        rb.extend(stream_rows(start, min(1_000_000, args.stored - start), args.episode))
+    if args.sampler == "prioritized":
+        floor_sampler = PrioritizedSampler(capacity, alpha=0.7, beta=0.5)
+        floor_sampler.update_priority(torch.arange(len(rb)), 1.0)
+    else:
+        floor_sampler = RandomSampler()
+    floor = TensorDictReplayBuffer(storage=rb.storage, sampler=floor_sampler, batch_size=256)
+    rb.sample()
+    floor.sample()
+    times: dict[str, list[float]] = {"sample": [], "floor": []}
+    position = args.stored
+    for _ in range(args.rounds):
+        if args.sampler != "without_replacement":
+            rb.extend(stream_rows(position, 1000, args.episode))
+            position += 1000
+        for name, buffer in (("sample", rb), ("floor", floor)):
+            start = time.perf_counter()
+            buffer.sample()
+            times[name].append(time.perf_counter() - start)
+    sample, floor_time = (statistics.median(times[name]) for name in ("sample", "floor"))
+    when = "static" if args.sampler == "without_replacement" else "right after a 1,000-row write"
+    source = "torchrl_fixes" if "torchrl_fixes" in sys.modules else torchrl.__file__
+    print(
+        f"{args.sampler}, {args.key}, {args.stored:,} stored in {args.stored // args.episode:,} "
+        f"trajectories, {when}: sample {_duration(sample)}, floor {_duration(floor_time)}, "
+        f"ratio {sample / floor_time:.2f}x  [torchrl {torchrl.__version__} from {source}]"
+    )
+    return 0
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.0f} µs"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import builtins
 import inspect
+import re
 import shutil
 import subprocess
 import symtable
@@ -21,6 +22,7 @@ import pytest
 import torchrl_fixes
 from devtools import upstream_patches
 from devtools.torchrl_matrix import NIGHTLY_VERSION
+from devtools.upstream_review import torchrl_lines
 from torchrl_fixes._core.patching import SourceEdits, compose_source_edits
 from torchrl_fixes._core.versions import installed_version
 
@@ -65,6 +67,27 @@ def test_each_pull_request_has_its_text():
         assert text.startswith("# ") and "torchrl_fixes" not in text, pr.name
         header = (SERIES.folder / f"{pr.name}.patch").read_text().split("\ndiff --git ", 1)[0]
         assert header.startswith(f"Subject: [PATCH] {text.splitlines()[0][2:]}\n"), pr.name
+
+
+def test_the_texts_count_the_lines_their_patches_change():
+    """A PR text that gives its size under torchrl/ (or a run of PRs' sizes) gives its patch's."""
+    sizes = {}
+    for pr in upstream_patches.PRS:
+        patch = SERIES.folder / f"{pr.name}.patch"
+        numstat = subprocess.run(
+            ["git", "apply", "--numstat", str(patch)], capture_output=True, text=True, check=True
+        ).stdout
+        sizes[pr.name[:4]] = torchrl_lines(numstat)
+    claims = 0
+    for pr in upstream_patches.PRS:
+        text = (SERIES.folder / f"{pr.name}.md").read_text()
+        for size in re.findall(r"(\d+) lines under `torchrl/`", text):
+            assert int(size) == sizes[pr.name[:4]], pr.name
+            claims += 1
+        for first, last, size in re.findall(r"\((\d{4}) to (\d{4}): (\d+)\)", text):
+            assert int(size) == sum(n for k, n in sizes.items() if first <= k <= last), pr.name
+            claims += 1
+    assert claims
 
 
 def test_a_missing_text_is_one_line(monkeypatch, tmp_path):

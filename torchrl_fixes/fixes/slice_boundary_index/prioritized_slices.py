@@ -173,9 +173,10 @@ def _eligible_starts(sampler, storage, seq_length: int):
     None where ``PrioritizedSliceSampler.sample`` zeroes the priorities itself: a
     storage the index does not read or of two batch dims, a sum tree on an
     accelerator, a sampler that overrides how the rows to exclude are found or how
-    priorities are set, or caches them (``cache_values=True``), and slices of one row or a right span of
-    ``seq_length - 1`` (``_preceding_stop_idx`` excludes every row there). The
-    eligible starts are dropped then, and built again when they serve again.
+    priorities are set, or caches them (``cache_values=True``), and slices of one
+    row or a right span of ``seq_length - 1`` (``_preceding_stop_idx`` excludes
+    every row there). The eligible starts are dropped then, and built again when
+    they serve again.
 
     Args:
         sampler (PrioritizedSliceSampler): the sampler.

@@ -143,11 +143,10 @@ def _placed_slices(sampler, rows, seq_length, index, device, storage):
         else lengths + 1 if after is True
         else lengths - after
     )
+    room = torch.from_numpy(end - first).to(device)
     uniform = torch.rand(lengths.size, device=device, generator=sampler._rng)
-    # uniform * room in float32, as _get_index multiplies them; not negative, the
-    # cast floors it
-    room = (end - first).astype(np.float32)
-    relative_starts = (uniform.cpu().numpy() * room).astype(np.int64) + first
+    # uniform * room is not negative: the cast floors it, as _get_index does
+    relative_starts = uniform.mul_(room).cpu().numpy().astype(np.int64) + first
     # a slice keeps its rows in its trajectory; _get_index makes the lengths a
     # tensor where one leaves it
     slice_lengths, clipped = seq_length, False

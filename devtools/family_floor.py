@@ -64,8 +64,11 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     keys = {"traj_key": "episode"} if args.key == "episode" else {"end_key": ("next", "done")}
-    # a full buffer for the prioritized sampler, whose writes then wrap around
-    capacity = args.stored if args.sampler == "prioritized" else args.stored * 6 // 5
+    # a full buffer for the prioritized sampler, whose writes then wrap around; room
+    # for every write for the others
+    capacity = args.stored
+    if args.sampler != "prioritized":
+        capacity += args.rounds * 1000
     sampler = {
         "slice": lambda: SliceSampler(num_slices=64, **keys),
         "span": lambda: SliceSampler(num_slices=64, span=True, **keys),
@@ -102,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     when = "static" if args.sampler == "without_replacement" else "right after a 1,000-row write"
     source = "torchrl_fixes" if "torchrl_fixes" in sys.modules else torchrl.__file__
     print(
-        f"{args.sampler}, {args.key}, {args.stored:,} stored in {args.stored // args.episode:,} "
+        f"{args.sampler}, {args.key}, {args.stored:,} stored in {-(-args.stored // args.episode):,} "
         f"trajectories, {when}: sample {_duration(sample)}, floor {_duration(floor_time)}, "
         f"ratio {sample / floor_time:.2f}x  [torchrl {torchrl.__version__} from {source}]"
     )

@@ -9,6 +9,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -73,3 +74,11 @@ def finish(process: subprocess.Popen, timeout: float = 120) -> subprocess.Comple
 def finish_process():
     """The :func:`finish` helper, as a fixture."""
     return finish
+
+
+@pytest.fixture
+def torch_threads_restored():
+    """The measurement tools set one torch thread for their process: restored after a test runs one."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)

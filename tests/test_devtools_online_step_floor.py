@@ -13,7 +13,7 @@ def test_bad_sizes_are_a_usage_error(argv, capsys):
     assert err.count("\n") == 1 and "--stored must be at least" in err
 
 
-def test_a_small_run_prints_both_medians_and_their_ratio(capsys):
+def test_a_small_run_prints_both_medians_and_their_ratio(capsys, torch_threads_restored):
     assert online_step_floor.main(["--stored", "20000", "--rounds", "2"]) == 0
     out = capsys.readouterr().out
     assert "online step" in out and "its floor" in out and out.rstrip().split("ratio ")[1][0].isdigit()

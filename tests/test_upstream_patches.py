@@ -81,11 +81,12 @@ def test_the_texts_count_the_lines_their_patches_change():
     claims = 0
     for pr in upstream_patches.PRS:
         text = (SERIES.folder / f"{pr.name}.md").read_text()
-        for size in re.findall(r"(\d+) lines under `torchrl/`", text):
-            assert int(size) == sizes[pr.name[:4]], pr.name
+        for size in re.findall(r"(\d[\d,]*)\s+lines\s+under\s+`torchrl/`", text):
+            assert int(size.replace(",", "")) == sizes[pr.name[:4]], pr.name
             claims += 1
-        for first, last, size in re.findall(r"\((\d{4}) to (\d{4}): (\d+)\)", text):
-            assert int(size) == sum(n for k, n in sizes.items() if first <= k <= last), pr.name
+        for first, last, size in re.findall(r"\((\d{4})\s+to\s+(\d{4}):\s+(\d[\d,]*)\)", text):
+            total = sum(n for k, n in sizes.items() if first <= k <= last)
+            assert int(size.replace(",", "")) == total, pr.name
             claims += 1
     assert claims
 

@@ -164,7 +164,7 @@ class TestEligibleStarts:
         rb.extend(steps)
         rb.sample()
         rb.update_priority(torch.tensor([17]), torch.tensor([1e9]))
-        _, info = rb.sample(return_info=True)
+        _, info = _sample(rb, 17)
         assert info["index"][0].view(-1, 4)[:, 0].eq(17).all()
 
     def test_pickled_state_drops_the_eligible_starts(self):

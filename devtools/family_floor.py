@@ -4,7 +4,7 @@ Each round writes 1,000 rows (``without_replacement``: none, the buffer is stati
 then times one sample of 64 slices of 4 and one of its floor, in that order: a
 ``RandomSampler`` sample of the same batch from the same storage, or for
 ``prioritized`` a ``PrioritizedSampler`` one (every row at priority 1). The rows are
-the online step's (:func:`devtools.online_step_floor.stream_rows`), in a
+the online step's (:func:`devtools.floor_stream.stream_rows`), in a
 ``TensorDictReplayBuffer``. One torch thread. Whichever TorchRL is imported is timed:
 stock, with ``--fixes`` the runtime fixes, or a patched source put first on
 ``PYTHONPATH``::
@@ -22,7 +22,7 @@ import statistics
 import sys
 import time
 
-from devtools.online_step_floor import stream_rows
+from devtools.floor_stream import add_stream_arguments, fill, prepare, stream_rows, torchrl_label
 
 SAMPLERS = ("slice", "span", "not_strict", "without_replacement", "prioritized")
 
@@ -33,14 +33,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--sampler", choices=SAMPLERS, default="span",
                         help="SliceSampler (slice, span=True, strict_length=False), "
-                        "SliceSamplerWithoutReplacement or PrioritizedSliceSampler")
-    parser.add_argument("--stored", type=int, default=5_000_000,
-                        help="rows stored before the loop (prioritized: the buffer's capacity)")
+                        "SliceSamplerWithoutReplacement or PrioritizedSliceSampler (in a full "
+                        "buffer of --stored rows)")
+    add_stream_arguments(parser, rounds=40)
     parser.add_argument("--episode", type=int, default=10, help="steps per episode")
-    parser.add_argument("--key", choices=["done", "episode"], default="done",
-                        help="the boundary signal the sampler reads (default: done)")
-    parser.add_argument("--rounds", type=int, default=40)
-    parser.add_argument("--fixes", action="store_true", help="import torchrl_fixes first")
     return parser
 
 
@@ -50,10 +46,8 @@ def main(argv: list[str] | None = None) -> int:
         print("family_floor: --stored must be at least 10000, --rounds at least 1 and "
               "--episode from 4 to --stored", file=sys.stderr)
         return 2
-    if args.fixes:
-        import torchrl_fixes  # noqa: F401
+    keys = prepare(args)
     import torch
-    import torchrl
     from torchrl.data import LazyTensorStorage, RandomSampler, TensorDictReplayBuffer
     from torchrl.data.replay_buffers.samplers import (
         PrioritizedSampler,
@@ -62,8 +56,6 @@ def main(argv: list[str] | None = None) -> int:
         SliceSamplerWithoutReplacement,
     )
 
-    torch.set_num_threads(1)
-    keys = {"traj_key": "episode"} if args.key == "episode" else {"end_key": ("next", "done")}
     # a full buffer for the prioritized sampler, whose writes then wrap around; room
     # for every write for the others
     capacity = args.stored
@@ -81,8 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     rb = TensorDictReplayBuffer(
         storage=LazyTensorStorage(capacity), sampler=sampler, batch_size=256
     )
-    for start in range(0, args.stored, 1_000_000):
-        rb.extend(stream_rows(start, min(1_000_000, args.stored - start), args.episode))
+    fill(rb, args.stored, args.episode)
     if args.sampler == "prioritized":
         floor_sampler = PrioritizedSampler(capacity, alpha=0.7, beta=0.5)
         floor_sampler.update_priority(torch.arange(len(rb)), 1.0)
@@ -103,11 +94,10 @@ def main(argv: list[str] | None = None) -> int:
             times[name].append(time.perf_counter() - start)
     sample, floor_time = (statistics.median(times[name]) for name in ("sample", "floor"))
     when = "static" if args.sampler == "without_replacement" else "right after a 1,000-row write"
-    source = "torchrl_fixes" if "torchrl_fixes" in sys.modules else torchrl.__file__
     print(
         f"{args.sampler}, {args.key}, {args.stored:,} stored in {-(-args.stored // args.episode):,} "
         f"trajectories, {when}: sample {_duration(sample)}, floor {_duration(floor_time)}, "
-        f"ratio {sample / floor_time:.2f}x  [torchrl {torchrl.__version__} from {source}]"
+        f"ratio {sample / floor_time:.2f}x  {torchrl_label()}"
     )
     return 0
 

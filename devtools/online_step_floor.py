@@ -16,35 +16,15 @@ import statistics
 import sys
 import time
 
+from devtools.floor_stream import add_stream_arguments, fill, prepare, stream_rows, torchrl_label
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m devtools.online_step_floor", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument("--stored", type=int, default=5_000_000, help="rows stored before the loop")
-    parser.add_argument("--key", choices=["done", "episode"], default="done",
-                        help="the boundary signal the slice sampler reads (default: done)")
-    parser.add_argument("--rounds", type=int, default=60)
-    parser.add_argument("--fixes", action="store_true", help="import torchrl_fixes first")
+    add_stream_arguments(parser, rounds=60)
     return parser
-
-
-def stream_rows(start: int, n: int, episode: int = 1000):
-    """Steps ``start`` to ``start + n`` of the stream the floor measurements write.
-
-    A TensorDict of ``obs`` (4 zeros), the ``episode`` id, and ``("next", "done")`` and
-    ``("next", "terminated")`` set at the last step of every ``episode`` steps.
-    """
-    import torch
-    from tensordict import TensorDict
-
-    step = torch.arange(start, start + n)
-    done = ((step + 1) % episode == 0).unsqueeze(-1)
-    return TensorDict(
-        {"obs": torch.zeros(n, 4), "episode": step // episode, ("next", "done"): done,
-         ("next", "terminated"): done},
-        [n],
-    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,15 +33,9 @@ def main(argv: list[str] | None = None) -> int:
         print("online_step_floor: --stored must be at least 10000 and --rounds at least 1",
               file=sys.stderr)
         return 2
-    if args.fixes:
-        import torchrl_fixes  # noqa: F401
-    import torch
-    import torchrl
+    keys = prepare(args)
     from torchrl.data import LazyTensorStorage, RandomSampler, SliceSampler, TensorDictReplayBuffer
 
-    torch.set_num_threads(1)
-
-    keys = {"traj_key": "episode"} if args.key == "episode" else {"end_key": ("next", "done")}
     capacity = args.stored * 3 // 2
     buffers = {
         "slice": TensorDictReplayBuffer(
@@ -73,8 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
     }
     for rb in buffers.values():
-        for start in range(0, args.stored, 1_000_000):
-            rb.extend(stream_rows(start, min(1_000_000, args.stored - start)))
+        fill(rb, args.stored)
         rb.sample()
     times: dict[str, list[float]] = {name: [] for name in buffers}
     position = args.stored
@@ -89,11 +62,10 @@ def main(argv: list[str] | None = None) -> int:
             rb.sample()
             times[name].append(time.perf_counter() - start)
     step, floor = (statistics.median(times[name]) for name in ("slice", "floor"))
-    source = "torchrl_fixes" if "torchrl_fixes" in sys.modules else torchrl.__file__
     print(
         f"{args.stored:,} stored, {args.key}: online step {step * 1e3:.2f} ms, "
         f"its floor (same write + RandomSampler sample) {floor * 1e3:.2f} ms, "
-        f"ratio {step / floor:.2f}x  [torchrl {torchrl.__version__} from {source}]"
+        f"ratio {step / floor:.2f}x  {torchrl_label()}"
     )
     return 0
 

@@ -206,11 +206,12 @@ def _tail(sampler, storage, seq_length: int) -> int | None:
     if (
         sampler.cache_values
         or _overrides(sampler, "_get_stop_and_length")
-        or type(sampler)._preceding_stop_idx
-        is not PrioritizedSliceSampler._preceding_stop_idx
-        # the eligible starts learn of set priorities from this update_priority alone
-        or type(sampler).update_priority
-        is not PrioritizedSliceSampler.update_priority
+        # the eligible starts exclude the rows the first lists, and learn of set
+        # priorities from the second alone
+        or any(
+            getattr(type(sampler), name) is not getattr(PrioritizedSliceSampler, name)
+            for name in ("_preceding_stop_idx", "update_priority")
+        )
         or storage.ndim != 1
     ):
         return None

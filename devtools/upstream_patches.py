@@ -338,6 +338,8 @@ _UPDATE_PRIORITY = '''    def update_priority(
         """Updates the priorities of ``index``: see :meth:`PrioritizedSampler.update_priority` for the arguments.
 
         The sum tree the slice starts are drawn from reads these rows anew at the next sample.
+        A subclass that overrides this method samples as earlier releases do, setting the
+        priorities of every trajectory's last rows to zero at each sample.
         """
         super().update_priority(index, priority, storage=storage)
         eligible_starts = self.__dict__.get("_eligible_starts")

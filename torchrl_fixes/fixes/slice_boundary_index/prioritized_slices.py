@@ -172,11 +172,12 @@ def _eligible_starts(sampler, storage, seq_length: int):
 
     None where ``PrioritizedSliceSampler.sample`` zeroes the priorities itself: a
     storage the index does not read or of two batch dims, a sum tree on an
-    accelerator, a sampler that overrides how the rows to exclude are found or how
-    priorities are set, or caches them (``cache_values=True``), and slices of one
-    row or a right span of ``seq_length - 1`` (``_preceding_stop_idx`` excludes
-    every row there). The eligible starts are dropped then, and built again when
-    they serve again.
+    accelerator, a sampler that caches its boundaries (``cache_values=True``) or
+    overrides how the rows to exclude are found (``_preceding_stop_idx``,
+    ``_get_stop_and_length``) or how priorities are set (``update_priority``), and
+    slices of one row or a right span of ``seq_length - 1`` (``_preceding_stop_idx``
+    excludes every row there). The eligible starts are dropped then, and built
+    again when they serve again.
 
     Args:
         sampler (PrioritizedSliceSampler): the sampler.
@@ -206,8 +207,9 @@ def _tail(sampler, storage, seq_length: int) -> int | None:
     if (
         sampler.cache_values
         or _overrides(sampler, "_get_stop_and_length")
-        # the eligible starts exclude the rows the first lists, and learn of set
-        # priorities from the second alone
+        # the eligible starts exclude the rows _preceding_stop_idx lists, and learn
+        # of set priorities from update_priority alone: PrioritizedSliceSampler's
+        # own (_overrides compares with SliceSampler's)
         or any(
             getattr(type(sampler), name) is not getattr(PrioritizedSliceSampler, name)
             for name in ("_preceding_stop_idx", "update_priority")

@@ -162,10 +162,12 @@ class TestEligibleStarts:
         steps = slice_steps(1, 200)
         steps.set(("next", "done"), torch.zeros(200, 1, dtype=torch.bool))
         rb.extend(steps)
-        rb.sample()
+        rb.sample()  # where the eligible starts served it, they would be kept from now on
         rb.update_priority(torch.tensor([17]), torch.tensor([1e9]))
-        _, info = _sample(rb, 17)
+        _seed(17)
+        _, info = rb.sample(return_info=True)
         assert info["index"][0].view(-1, 4)[:, 0].eq(17).all()
+        assert "_eligible_starts" not in vars(rb.sampler)
 
     def test_pickled_state_drops_the_eligible_starts(self):
         rb, _ = _buffers(100, {"slice_len": 4})

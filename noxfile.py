@@ -1,22 +1,25 @@
-"""Sessions: tests, lint, conformance, conformance_extension, ray, benchmark, benchmark_tdmpc2, compare, upstream, upstream_review, torchrl_suite.
+"""Sessions: tests, lint, conformance, ray, benchmark, benchmark_tdmpc2, compare, upstream, upstream_review, torchrl_suite.
 
 Every environment installs torch first, explicitly: ``TORCHRL_FIXES_TORCH`` if set,
-else ``torch==2.13.0`` (``torch==2.14.1`` for the benchmark and conformance_extension,
-beside which TorchRL's C++ extension loads: the prioritized rows need it). Which build that gives depends on where pip looks: from the
-plain package index, on Linux x86-64, ``torch==2.13.0`` is the CUDA build (several GB
-with its CUDA libraries; it also runs on a machine without a GPU); the CPU build
-(``2.13.0+cpu``) is what pip finds where its index or its ``--find-links`` offers a
-CPU wheel (PyTorch's CPU index, a local wheel folder, a mirror). Set the variable to
-any requirement pip takes, for example a wheel file or ``torch==2.13.0+cpu``:
+else ``torch==2.14.1`` for the README's two commands (``tests`` and ``benchmark``:
+TorchRL 0.14.1's C++ extension, which the prioritized buffers need, loads beside it,
+and one download serves both) and ``torch==2.13.0`` for the other sessions (the
+release matrix among them, which also covers the extension not loading). Which build
+that gives depends on where pip looks: from the plain package index, on Linux x86-64,
+either is the CUDA build (several GB with its CUDA libraries; it also runs on a
+machine without a GPU); a CPU build (``2.13.0+cpu``) is what pip finds where its
+index or its ``--find-links`` offers a CPU wheel (PyTorch's CPU index, a local wheel
+folder, a mirror). Set the variable to any requirement pip takes, for example a wheel
+file or ``torch==2.13.0+cpu``:
 
     TORCHRL_FIXES_TORCH=/wheels/torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl nox -s tests
 
     nox -s tests                     # unit tests + conformance on TorchRL 0.14.1
+    TORCHRL_FIXES_REQUIRE_EXTENSION=1 nox -s tests   # a prioritized test that cannot run fails
     nox -s lint
     nox -s conformance               # conformance on every supported release and the nightly
     nox -s "conformance(torchrl='0.12.0')"
     nox -s "conformance(torchrl='nightly')"   # the pinned torchrl-nightly build (devtools/torchrl_matrix.py)
-    nox -s conformance_extension     # prioritized buffers, where TorchRL's C++ extension loads
     nox -s ray                       # a RayReplayBuffer on a local Ray cluster, with the fixes
     nox -s benchmark                 # the main job: stock vs patched timings, table and plot in results/latest/
     nox -s benchmark -- --out results          # refreshes the committed table and plot
@@ -59,12 +62,14 @@ def _without_uv_notice(record: logging.LogRecord) -> bool:
 
 
 logging.getLogger("nox").addFilter(_without_uv_notice)
-nox.options.sessions = ["lint", "tests", "conformance", "conformance_extension"]
+nox.options.sessions = ["lint", "tests", "conformance"]
 
-# The torch requirement every session installs first (see the module docstring).
-TORCH = os.environ.get("TORCHRL_FIXES_TORCH", "").strip() or "torch==2.13.0"
-# The torch beside which TorchRL's C++ extension (prioritized buffers) loads.
-EXTENSION_TORCH = "torch==2.14.1"
+# The torch requirement each session installs first (see the module docstring): the
+# README's two commands take the one beside which TorchRL 0.14.1's C++ extension
+# (prioritized buffers) loads, the other sessions the smaller CPU-only default.
+USER_TORCH = os.environ.get("TORCHRL_FIXES_TORCH", "").strip()
+README_TORCH = USER_TORCH or "torch==2.14.1"
+TORCH = USER_TORCH or "torch==2.13.0"
 def _test_requirements() -> list[str]:
     """pyproject.toml's test extra and runtime requirements, less torch, torchrl and tensordict."""
     # nox's TOML reader: tomllib is Python 3.11+, and nox brings tomli where it is missing.
@@ -89,8 +94,13 @@ def _install(session: nox.Session, torchrl: str, torch: str = TORCH) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Unit tests of the package, and the conformance suite on the newest release (the README's)."""
-    _install(session, NEWEST)
+    """Unit tests of the package, and the conformance suite on the newest release (the README's).
+
+    Beside ``torch==2.14.1`` TorchRL's C++ extension loads, so the prioritized buffers'
+    tests run; with ``TORCHRL_FIXES_REQUIRE_EXTENSION=1`` (CI) a test that needs it
+    fails instead of skipping where it does not load.
+    """
+    _install(session, NEWEST, torch=README_TORCH)
     session.run(
         "python", "-m", "pytest", "--doctest-modules", "torchrl_fixes", "devtools", "tests",
         "conformance", "--ignore=tests/ray",  # nox -s ray runs those
@@ -115,23 +125,6 @@ def conformance(session: nox.Session, torchrl: str) -> None:
 
 
 @nox.session
-def conformance_extension(session: nox.Session) -> None:
-    """Conformance beside torch 2.14.1, where TorchRL's C++ extension (prioritized buffers) loads.
-
-    No TorchRL release's extension loads beside the CPU torch 2.13.0; torchrl 0.14.1's
-    loads beside torch 2.14.1 (a CUDA build, about 5.5 GB installed, that also runs on
-    a CPU-only machine). The runtime's doctests run here too: those that build a
-    prioritized sampler skip elsewhere. Here a prioritized test that cannot run fails
-    instead of skipping.
-    """
-    _install(session, NEWEST, torch=EXTENSION_TORCH)
-    session.run(
-        "python", "-m", "pytest", "conformance", "--doctest-modules", "torchrl_fixes", *session.posargs,
-        env={"TORCHRL_FIXES_REQUIRE_EXTENSION": "1"},
-    )
-
-
-@nox.session
 def ray(session: nox.Session) -> None:
     """A RayReplayBuffer actor on a local Ray cluster gets the fixes (setup hook, launcher).
 
@@ -148,7 +141,7 @@ def ray(session: nox.Session) -> None:
 
 # Every Python file of the repository: what lint checks.
 LINT_PATHS = (
-    "torchrl_fixes", "devtools", "tests", "conformance", "upstream", "noxfile.py", "conftest.py",
+    "torchrl_fixes", "devtools", "tests", "conformance", "upstream", "examples", "noxfile.py", "conftest.py",
 )
 
 
@@ -183,9 +176,9 @@ def compare(session: nox.Session) -> None:
 def benchmark(session: nox.Session) -> None:
     """The main job: stock against patched TorchRL timed here, as a table and a plot.
 
-    It installs ``torch==2.14.1`` unless ``TORCHRL_FIXES_TORCH`` says otherwise: beside
-    it TorchRL's C++ extension loads, which the ``PrioritizedSliceSampler`` rows need
-    (they are skipped where it does not). Shows each benchmark as it lands, then the
+    It installs ``torch==2.14.1`` unless ``TORCHRL_FIXES_TORCH`` says otherwise, as
+    ``tests`` does: beside it TorchRL's C++ extension loads, which the
+    ``PrioritizedSliceSampler`` rows need (they are skipped where it does not). Shows each benchmark as it lands, then the
     table; writes ``results/latest/``, which
     git ignores (``bench.json``, ``benchmark.md``, ``benchmark.png``, ``bench.log``);
     ``-- --out results`` refreshes the committed table and plot instead. Arguments
@@ -193,7 +186,7 @@ def benchmark(session: nox.Session) -> None:
     BASELINE.json``, ``--margin``, ``--json``, ``--out DIR``, ``--threads N``
     (``python -m devtools bench --help`` says what each does and what ``--full`` needs).
     """
-    session.install(os.environ.get("TORCHRL_FIXES_TORCH", "").strip() or EXTENSION_TORCH)
+    session.install(README_TORCH)
     session.install("-e", ".[bench]", *torchrl_requirements(NEWEST))
     session.run("python", "-m", "devtools", "bench", *session.posargs)
 

@@ -194,7 +194,7 @@ def skip_where_stock_cannot_copy(copier) -> None:
 # the failed import is left to the session that must run them, which fails instead.
 EXTENSION_SKIP_REASON = (
     "needs TorchRL's C++ extension, which does not load beside this torch "
-    "(nox -s conformance_extension installs one it loads beside)"
+    "(nox -s tests installs one it loads beside: torch 2.14.1)"
 )
 # Set to 1 by the session meant to cover the prioritized buffers: there, a test that
 # needs the extension fails where it does not load, instead of skipping.

@@ -12,8 +12,8 @@ stock, with ``--fixes`` the runtime fixes, or a patched source put first on
     python -m devtools.family_floor --sampler span --fixes
     python -m devtools.family_floor --sampler prioritized --stored 1000000 --episode 100 --fixes
 
-``prioritized`` needs TorchRL's C++ extension (``nox -s conformance_extension``
-installs a torch it loads beside).
+``prioritized`` needs TorchRL's C++ extension (``nox -s tests`` installs a torch it
+loads beside).
 """
 from __future__ import annotations
 

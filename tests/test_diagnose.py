@@ -1,4 +1,5 @@
-"""``torchrl_fixes.diagnose``: the stages it times, the findings it makes, and that it changes nothing.
+"""``torchrl_fixes.diagnose``: the stages it times, whether each fix serves the buffer, the
+findings it makes, and that it changes nothing.
 
 No test here asserts a duration. Findings that depend on a dominant share are
 built with a wide margin (a transform sleeping 20 ms against stages of
@@ -24,6 +25,7 @@ from tensordict import TensorDict
 from torchrl.data import (
     LazyMemmapStorage,
     LazyTensorStorage,
+    ListStorage,
     RandomSampler,
     ReplayBuffer,
     SamplerWithoutReplacement,
@@ -72,13 +74,22 @@ def _noisy(td):
     return td
 
 
-def _prioritized():
-    from torchrl.data import PrioritizedSampler
+def _prioritized(**slices):
+    """A PrioritizedSampler, or a PrioritizedSliceSampler given its slice arguments."""
+    from torchrl.data import PrioritizedSampler, PrioritizedSliceSampler
 
     try:
+        if slices:
+            return PrioritizedSliceSampler(CAPACITY, alpha=0.7, beta=0.5, **slices)
         return PrioritizedSampler(CAPACITY, alpha=0.7, beta=0.5)
     except (RuntimeError, ImportError):
         pytest.skip(EXTENSION_SKIP_REASON)
+
+
+def _stock_cached():
+    """A stock SliceSampler whose boundaries are cached until the next write."""
+    with torchrl_fixes.disabled():
+        return SliceSampler(num_slices=4, cache_values=True)
 
 
 SAMPLERS = {
@@ -87,7 +98,9 @@ SAMPLERS = {
     "slice": lambda: SliceSampler(num_slices=4),
     "slice_traj_key": lambda: SliceSampler(num_slices=4, traj_key="episode", cache_values=True),
     "slice_without_replacement": lambda: SliceSamplerWithoutReplacement(num_slices=4),
+    "slice_stock_cached": _stock_cached,
     "prioritized": _prioritized,
+    "prioritized_slice": lambda: _prioritized(num_slices=4),
 }
 
 
@@ -167,9 +180,21 @@ CASES = [
 ]
 
 
+def _storage_state(storage) -> dict:
+    """What a write changes in a storage, besides its mutation revision: values, cursor, length."""
+    return {
+        "values": storage._storage[: len(storage)].clone(),  # the rows past it are uninitialised
+        "len": len(storage),
+        "last_cursor": storage._last_cursor,
+        "last_cursor_index": storage._last_cursor_index,
+        "is_full": storage._is_full,
+    }
+
+
 @pytest.mark.parametrize("sampler, transform, pin_memory", CASES)
 def test_buffer_samples_what_it_would_have_sampled(sampler, transform, pin_memory):
-    """Two identical buffers, one diagnosed: their next samples are equal (indices, info, data)."""
+    """Two identical buffers, one diagnosed (16 rows written again): their next samples are equal
+    (indices, info, data), and again after the same later write."""
     diagnosed = _buffer(sampler, transform=transform, pin_memory=pin_memory)
     untouched = _buffer(sampler, transform=transform, pin_memory=pin_memory)
     # part of an epoch first: the without-replacement samplers are diagnosed mid-epoch
@@ -178,15 +203,23 @@ def test_buffer_samples_what_it_would_have_sampled(sampler, transform, pin_memor
         _draw(rb, 3)
     _seed(1)
     states = _global_states()
-    length = len(diagnosed.storage)
-    report = diagnose_function(diagnosed, samples=7)
-    assert set(SAMPLE_STAGES) >= set(report.stages) - {"to_device", "to_device_non_blocking"}
+    stored = _storage_state(diagnosed.storage)
+    report = diagnose_function(diagnosed, samples=7, write_rows=16)
+    assert set(SAMPLE_STAGES) >= set(report.stages) - {"to_device", "to_device_non_blocking", "after_write"}
+    assert report.stages["after_write"] > 0 and report.buffer["write_rows"] == 16
     _assert_same_states(states, _global_states())
-    assert len(diagnosed.storage) == length
+    _assert_equal(_storage_state(diagnosed.storage), stored)
     # 12 draws cross the epochs of the without-replacement samplers (5 slice batches)
     after_diagnose = _draw(diagnosed, 12)
     _seed(1)
     _assert_equal(after_diagnose, _draw(untouched, 12))
+    # a later write wraps around the storage: what the index caught up on meets a real write
+    for rb in (diagnosed, untouched):
+        rb.extend(_episodes(100, seed=3))
+    _seed(2)
+    after_write = _draw(diagnosed, 6)
+    _seed(2)
+    _assert_equal(after_write, _draw(untouched, 6))
 
 
 @pytest.mark.parametrize("sampler", ["random", "slice_without_replacement"])
@@ -215,7 +248,7 @@ def test_plain_replay_buffer_with_return_info():
     diagnosed, untouched = (_buffer("slice", transform=True, cls=ReplayBuffer) for _ in range(2))
     _seed(3)
     report = diagnose_function(diagnosed, samples=4)
-    assert "info" in report.not_measured and "boundaries" in report.stages
+    assert "info" in report.not_measured and "after_write" in report.stages
     after_diagnose = _draw(diagnosed, 5)
     _seed(3)
     _assert_equal(after_diagnose, _draw(untouched, 5))
@@ -260,7 +293,11 @@ def test_prefetch_in_flight_is_refused_and_left_alone(monkeypatch):
 def test_stages_of_a_slice_sampler_and_report_shape():
     rb = _buffer("slice", transform=True)
     report = diagnose_function(rb, samples=3, device="cpu")
-    assert set(report.stages) == {"boundaries", "sampler", "gather", "transform", "info"}
+    # the storage's index answers inside the draw: its boundaries are no stage of their own
+    served = report.fixes["slice_boundary_index"].state == "serves"
+    assert set(report.stages) == {"sampler", "gather", "transform", "info", "after_write"} | (
+        set() if served else {"boundaries"}
+    )
     assert all(isinstance(v, float) and v >= 0 for v in report.stages.values())
     assert report.not_measured["to_device"] == "cpu is not an accelerator: no host->device copy"
     assert report.not_measured["pin_memory"] == "pin_memory=False"
@@ -269,9 +306,10 @@ def test_stages_of_a_slice_sampler_and_report_shape():
     assert data["buffer"]["sampler"] == "SliceSampler" and data["buffer"]["stored"] == ROWS
     json.dumps(data)  # plain data
     text = str(report)
-    for _, label in STAGES:
-        assert label in text
+    for name, label in STAGES:
+        assert (label in text) == (name != "after_write")  # the draw after a write: in its own row
     assert "sample() total" in text and "prefetch: off" in text
+    assert f"sample() right after a write of {ROWS} rows" in text
 
 
 def test_random_sampler_has_no_boundary_stage():
@@ -279,6 +317,199 @@ def test_random_sampler_has_no_boundary_stage():
     assert "boundaries" not in report.stages
     assert report.not_measured["boundaries"] == "not a slice sampler"
     assert report.not_measured["transform"] == "no transform"
+
+
+# ---------------------------------------------------------------------------
+# Whether each fix serves the buffer
+
+
+def _verdicts(report) -> dict:
+    return {name: (verdict.state, verdict.cause) for name, verdict in report.fixes.items()}
+
+
+@_needs_fix("slice_boundary_index")
+@_needs_fix("single_gather")
+@_needs_fix("pinned_sample_output")
+def test_every_fix_serves_a_fixed_buffer():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torchrl_fixes.PinMemoryUnavailableWarning)
+        report = diagnose_function(_buffer("slice", pin_memory=True), samples=2)
+    assert set(report.fixes) == set(torchrl_fixes.fix_names())
+    assert _verdicts(report) == {name: ("serves", "") for name in torchrl_fixes.fix_names()}
+    text = str(report)
+    for name in torchrl_fixes.fix_names():
+        assert f"  {name}  " in text and text.count("serves this buffer") == len(report.fixes)
+    assert report.to_dict()["fixes"]["slice_boundary_index"] == {
+        "state": "serves", "cause": "", "why": "", "remedy": "", "text": "serves this buffer"
+    }
+    # the index answers inside the draw: no boundary stage of 0 µs
+    assert "boundaries" not in report.stages
+    assert report.not_measured["boundaries"] == "in the index draw: read from the storage's trajectory index"
+
+
+def test_a_buffer_built_inside_disabled_runs_stock_code_for_every_fix():
+    with torchrl_fixes.disabled():
+        rb = _buffer("slice", pin_memory=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torchrl_fixes.PinMemoryUnavailableWarning)
+        report = diagnose_function(rb, samples=2)
+    assert _verdicts(report) == {name: ("stock", "built disabled") for name in torchrl_fixes.fix_names()}
+    assert str(report.fixes["slice_boundary_index"]) == (
+        "stock code runs: this sampler was built inside torchrl_fixes.disabled()"
+    )
+    assert str(report.fixes["pinned_sample_output"]) == (
+        "stock code runs: this buffer was built inside torchrl_fixes.disabled()"
+    )
+    assert report.fixes["pinned_sample_output"].remedy == "build the buffer outside torchrl_fixes.disabled()"
+    assert "  single_gather         stock code runs: this sampler was built inside" in str(report)
+    assert report.stages["boundaries"] > 0  # stock recovery, timed on its own
+
+
+def test_fixes_a_buffer_does_not_use_are_not_relevant():
+    report = diagnose_function(_buffer("random"), samples=1)
+    assert _verdicts(report) == {name: ("not relevant", "") for name in torchrl_fixes.fix_names()}
+    assert str(report.fixes["slice_boundary_index"]) == "not relevant: RandomSampler is not a slice sampler"
+    assert str(report.fixes["single_gather"]) == (
+        "not relevant: RandomSampler is not a slice sampler: it reads no rows"
+    )
+    assert str(report.fixes["pinned_sample_output"]) == "not relevant: pin_memory=False"
+
+
+@_needs_fix("single_gather")
+def test_a_fix_not_applied_in_this_process():
+    torchrl_fixes.deactivate("single_gather")
+    try:
+        report = diagnose_function(_buffer("slice"), samples=1)
+    finally:
+        torchrl_fixes.activate("single_gather")
+    assert str(report.fixes["single_gather"]) == (
+        "stock code runs: the fix is inactive in this process (deactivated)"
+    )
+    assert report.fixes["slice_boundary_index"].state == "serves"
+
+
+@_needs_fix("slice_boundary_index")
+def test_a_sampler_built_before_the_fix_reads_ids_for_flags():
+    """Built before the fix was applied (as before `import torchrl_fixes`), a sampler naming no
+    key is still served, but reads the trajectory ids where one built after reads the done flags."""
+    torchrl_fixes.deactivate("slice_boundary_index")
+    try:
+        before = SliceSampler(num_slices=4)
+    finally:
+        torchrl_fixes.activate("slice_boundary_index")
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(CAPACITY), sampler=before, batch_size=BATCH)
+    rb.extend(_episodes())
+    verdict = diagnose_function(rb, samples=2).fixes["slice_boundary_index"]
+    assert str(verdict) == (
+        "serves this buffer; built before the fix was applied (before import torchrl_fixes), the "
+        "sampler reads the trajectory ids 'episode' where one built after reads the ('next', 'done') flags"
+    )
+    after = diagnose_function(_buffer("slice"), samples=2)
+    assert str(after.fixes["slice_boundary_index"]) == "serves this buffer"
+    assert after.buffer["boundary_read"] == ["end", ("next", "done")]
+
+
+@_needs_fix("pinned_sample_output")
+def test_a_buffer_class_decorated_with_stock_pinning_keeps_it(fake_accelerator):
+    """A class decorated with TorchRL's pin_memory_output taken before the fix was applied (as
+    before `import torchrl_fixes`) keeps stock pinning; one decorated after is served."""
+    from torchrl.data.replay_buffers import utils
+
+    stock_decorator = torchrl_fixes.get_original(utils, "pin_memory_output")
+
+    def sample_rows(self, batch_size):
+        index, info = self._sampler.sample(self._storage, batch_size)
+        info["index"] = index
+        return self._transform(self._storage.get(index)), info
+
+    class Before(TensorDictReplayBuffer):
+        _sample = stock_decorator(sample_rows)
+
+    class After(TensorDictReplayBuffer):
+        _sample = utils.pin_memory_output(sample_rows)
+
+    before, after = (_buffer("random", pin_memory=True, cls=cls) for cls in (Before, After))
+    for rb in (before, after):
+        rb.append_transform(_rebuild)
+    report = diagnose_function(before, samples=2)
+    verdict = report.fixes["pinned_sample_output"]
+    assert (verdict.state, verdict.cause) == ("stock", "stock decorator")
+    assert verdict.why == (
+        "Before._sample was decorated with TorchRL's pin_memory_output before torchrl_fixes was imported"
+    )
+    unpinned = report.findings[report.codes.index("pin-memory-unpinned")]
+    assert "(obs, episode" in unpinned.message and "index" not in unpinned.message  # sample() pins the info
+    assert unpinned.remedy.startswith("define Before after import torchrl_fixes (TorchRL's own buffer")
+    assert diagnose_function(after, samples=2).fixes["pinned_sample_output"].state == "serves"
+
+
+# ---------------------------------------------------------------------------
+# The sample right after a write
+
+
+def test_after_write_stage_in_the_report():
+    report = diagnose_function(_buffer("slice"), samples=3)
+    assert report.buffer["write_rows"] == ROWS  # 1,000 by default, clipped to the rows stored
+    assert report.stages["after_write"] > 0
+    after = report.after_write_seconds
+    assert after == report.sample_seconds - report.draw_seconds + report.stages["after_write"]
+    assert report.to_dict()["after_write_sample_seconds"] == after
+    assert f"sample() right after a write of {ROWS:,} rows" in str(report)
+    assert "after_write" in report.stages
+    assert diagnose_function(_buffer("slice"), samples=1, write_rows=5).buffer["write_rows"] == 5
+
+
+@_needs_fix("slice_boundary_index")
+def test_the_writes_leave_the_trajectory_index_in_step():
+    """Each write moves the storage's mutation revision, and the storage's index recorded it: the
+    next sample reads no row again and rebuilds nothing."""
+    rb = _buffer("slice")
+    rb.sample()
+    index = rb.storage.__dict__["_trajectory_index"]
+    revision = rb.storage._mutation_revision
+    diagnose_function(rb, samples=4, write_rows=16)
+    assert rb.storage.__dict__["_trajectory_index"] is index
+    assert rb.storage._mutation_revision == revision + 4  # one write per timed sample
+    assert (index._revision, index._stale, index._written) == (revision + 4, False, [])
+
+
+def test_stock_boundaries_cached_until_a_write():
+    """Stock SliceSampler(cache_values=True) over 4M rows: cheap between writes, the whole
+    recovery right after one."""
+    data = _big_episodes(4_000_000)
+    with torchrl_fixes.disabled():
+        sampler = SliceSampler(num_slices=2, cache_values=True)
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(len(data)), sampler=sampler, batch_size=16)
+    rb.extend(data)
+    report = diagnose_function(rb, samples=5)
+    assert "slice-boundaries" not in report.codes, str(report)  # cached between writes
+    assert report.codes[0] == "after-write-draw", str(report)
+    message = report.findings[0].message
+    assert message.startswith("right after a write of 1,000 rows a sample takes ")
+    assert "(this sampler was built inside torchrl_fixes.disabled())" in message
+    assert "cache_values=True keeps them only until the next write" in message
+    predicted = diagnose_function(rb, samples=2, write_rows=0)
+    assert predicted.not_measured["after_write"] == "write_rows=0"
+    assert "after_write" not in predicted.stages and predicted.after_write_seconds is None
+    assert "(no write was timed)" in predicted.findings[predicted.codes.index("after-write-draw")].message
+
+
+def test_storages_another_process_may_write_are_not_written(tmp_path):
+    memmap = TensorDictReplayBuffer(storage=LazyMemmapStorage(CAPACITY, scratch_dir=tmp_path), batch_size=BATCH)
+    memmap.extend(_episodes())
+    shared = _buffer("slice")
+    shared.storage._storage.share_memory_()
+    listed = ReplayBuffer(storage=ListStorage(CAPACITY), batch_size=BATCH)
+    listed.extend(torch.arange(ROWS))
+    for rb, why in (
+        (memmap, "the storage is memory-mapped: another process may write its rows"),
+        (shared, "the storage is in shared memory: another process may write its rows"),
+        (listed, "ListStorage is not a TensorStorage: its rows are not written again"),
+    ):
+        report = diagnose_function(rb, samples=1)
+        assert "after_write" not in report.stages
+        assert report.not_measured["after_write"].startswith(why)
+        assert why in str(report)
 
 
 def test_transform_that_sleeps_dominates():
@@ -331,10 +562,14 @@ def test_stock_slice_sampler_with_the_fix_inactive():
         torchrl_fixes.activate("slice_boundary_index")
     assert report.codes[0] == "slice-boundaries", str(report)
     message = report.findings[0].message
-    assert "the slice_boundary_index fix is inactive (deactivated)" in message
+    assert "stock code runs (the fix is inactive in this process (deactivated))" in message
     assert "reads the trajectory ids 'episode' where the ('next', 'done') flags would do" in message
-    assert "end_key=('next', 'done')" in report.findings[0].remedy
-    assert report.buffer["fixes"]["slice_boundary_index"] == "inactive (deactivated)"
+    remedy = report.findings[0].remedy
+    assert "end_key=('next', 'done')" in remedy
+    assert "applied at any time before the sample, it serves this sampler too" in remedy
+    verdict = report.fixes["slice_boundary_index"]
+    assert (verdict.state, verdict.cause) == ("stock", "inactive")
+    assert str(verdict) == "stock code runs: the fix is inactive in this process (deactivated)"
 
 
 @_needs_fix("slice_boundary_index")
@@ -353,10 +588,12 @@ def test_applied_fix_whose_configuration_falls_back():
     report = diagnose_function(rb, samples=5)
     assert report.codes[0] == "slice-boundaries", str(report)
     assert (
-        "applied, but this configuration falls back to stock code: "
-        "OwnSampler overrides _end_to_start_stop" in report.findings[0].message
+        "stock code runs (a configuration the fix leaves to stock code: "
+        "OwnSampler overrides _end_to_start_stop)" in report.findings[0].message
     )
     assert "would do" not in report.findings[0].message  # it reads the done flags already
+    assert report.fixes["slice_boundary_index"].cause == "configuration"
+    assert report.fixes["single_gather"].state == "serves"
 
 
 def test_memmap_gather_dominates(tmp_path):
@@ -385,6 +622,8 @@ def test_unknown_layouts_and_bad_arguments_are_refused():
         diagnose_function(empty)
     with pytest.raises(ValueError, match="samples"):
         diagnose_function(_buffer("random"), samples=0)
+    with pytest.raises(ValueError, match=r"write_rows must be an int >= 0 \(0: no write timed\), got -1"):
+        diagnose_function(_buffer("random"), write_rows=-1)
     no_batch = TensorDictReplayBuffer(storage=LazyTensorStorage(10))
     no_batch.extend(_episodes(4))
     with pytest.raises(ValueError, match="batch_size"):
@@ -427,6 +666,21 @@ def test_png(tmp_path):
     path = report.save_png(tmp_path / "stages.png")
     with open(path, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_rows_that_cannot_be_written_again():
+    """Stored in inference mode: the write fails (with the values it had), the stage says why."""
+    with torch.inference_mode():
+        diagnosed, untouched = (_buffer("slice") for _ in range(2))
+    report = diagnose_function(diagnosed, samples=2)
+    assert report.not_measured["after_write"] == (
+        "writing the rows again failed: Inplace update to inference tensor outside InferenceMode is not allowed"
+    )
+    assert "after_write" not in report.stages and report.buffer["write_rows"] == 0
+    _seed(4)
+    after_diagnose = _draw(diagnosed, 4)
+    _seed(4)
+    _assert_equal(after_diagnose, _draw(untouched, 4))
 
 
 # ---------------------------------------------------------------------------
@@ -482,14 +736,20 @@ def test_stock_pinning_predicted_without_an_accelerator():
 # findings_from, on constructed stages
 
 
+SERVED = {"state": "serves", "cause": "", "why": ""}
+STOCK_CACHED = {"state": "stock", "cause": "built disabled",
+                "why": "this sampler was built inside torchrl_fixes.disabled()",
+                "remedy": "build the sampler outside torchrl_fixes.disabled()"}
+
+
 def _facts(**overrides):
     facts = {
         "pin_memory": False, "prefetch": 0, "accelerator": True, "device": None, "unpinned": [],
         "tensors": 0, "pinned_measured": True, "unpinned_source": False,
-        "transformed_device_none": False, "patched_pin": True,
-        "slice_fix": {"active": True, "why": "applied", "fallback": None},
-        "boundary_read": None, "has_done": False, "traj_key_named": False, "trajectories": None,
-        "gathered_bytes": 0, "storage": "LazyTensorStorage", "memmap_dir": None,
+        "transformed_device_none": False, "patched_pin": True, "slice_index": SERVED,
+        "cache_values": False, "boundary_read": None, "has_done": False, "traj_key_named": False,
+        "trajectories": None, "write_rows": 1000, "gathered_bytes": 0, "storage": "LazyTensorStorage",
+        "memmap_dir": None,
     }
     facts.update(overrides)
     return facts
@@ -530,7 +790,29 @@ def test_findings_gather_bandwidth_and_ids_named():
         {"boundaries": 1e-2, "sampler": 1e-4},
         _facts(boundary_read=("trajectory", "episode"), has_done=True),
     )
-    assert "would do" not in found[0].message and "applied and used" in found[0].message
+    assert "would do" not in found[0].message and "fix serves this buffer" in found[0].message
+
+
+def test_findings_after_write():
+    """The draw right after a write: a finding where its extra cost is half that sample or more."""
+    between = {"sampler": 1e-4, "gather": 5e-5, "info": 5e-5}
+    assert findings_from({**between, "after_write": 2e-4}, _facts()) == []
+    found = findings_from({**between, "after_write": 2e-3}, _facts(write_rows=500))
+    assert [f.code for f in found] == ["after-write-draw"]
+    assert found[0].message.startswith("right after a write of 500 rows a sample takes 2.1 ms")
+    assert found[0].message.endswith("the storage's trajectory index reads the rows written since the last sample")
+    found = findings_from(
+        {**between, "boundaries": 1e-5, "after_write": 2e-2},
+        _facts(slice_index=STOCK_CACHED, cache_values=True),
+    )
+    assert "finds the trajectory boundaries from the whole storage again after every write" in found[0].message
+    assert "cache_values=True keeps them only until the next write" in found[0].message
+    assert found[0].remedy.startswith("build the sampler outside torchrl_fixes.disabled()")
+    # no write timed: predicted from the configuration alone
+    predicted = findings_from({**between, "boundaries": 1e-5}, _facts(slice_index=STOCK_CACHED, cache_values=True))
+    assert [f.code for f in predicted] == ["after-write-draw"]
+    assert "(no write was timed)" in predicted[0].message
+    assert findings_from({**between, "boundaries": 1e-5}, _facts(slice_index=STOCK_CACHED)) == []
 
 
 # ---------------------------------------------------------------------------
@@ -559,7 +841,9 @@ def test_cli_demo(cli_runs):
     codes = [f["code"] for f in report["findings"]]
     assert "slice-boundaries" in codes and "pin-memory-unpinned" in codes
     slice_message = report["findings"][codes.index("slice-boundaries")]["message"]
-    assert "inactive for this sampler" in slice_message
+    assert "this sampler was built inside torchrl_fixes.disabled()" in slice_message
+    assert report["fixes"]["pinned_sample_output"]["cause"] == "built disabled"
+    assert report["buffer"]["write_rows"] == 1000 and report["after_write_sample_seconds"] > 0
     assert report["buffer"]["stored"] == 5_000_000
     assert set(report["stages"]) >= {"boundaries", "sampler", "gather", "transform", "info"}
 

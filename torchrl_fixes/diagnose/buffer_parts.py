@@ -3,22 +3,25 @@
 :func:`_buffer_parts` finds the sampler, storage, writer, transform... of a buffer
 (or refuses a layout it does not know); the other functions read what the report
 states about them: the stored keys, where a memmap storage lives, how many
-trajectories a slice sampler sees, what its boundary recovery read, and whether a
-fix runs for a given object.
+trajectories a slice sampler sees, what its boundary recovery read, and whether
+each fix serves the buffer (:func:`_fix_verdicts`).
 """
 from __future__ import annotations
 
 import sys
+import types
 from dataclasses import dataclass
 from typing import Any
 
 from tensordict import is_tensor_collection
 from torchrl.data import ReplayBuffer, SliceSampler, TensorDictReplayBuffer
+from torchrl.data.replay_buffers import utils as replay_buffer_utils
 
-from torchrl_fixes._core.patching import defining_class
+from torchrl_fixes._core.patching import defining_class, get_original
 from torchrl_fixes._core.registry import STOCK_MARK
 from torchrl_fixes.activation import registry
-from torchrl_fixes.diagnose.report import DiagnoseRefused
+from torchrl_fixes.diagnose.report import NOT_RELEVANT, SERVES, STOCK, DiagnoseRefused, FixVerdict
+from torchrl_fixes.fixes.single_gather import _reads_tensordict
 from torchrl_fixes.fixes.slice_boundary_index import boundary_source, fallback_reason
 
 
@@ -99,24 +102,155 @@ def _same_index(index, storage):
     return index
 
 
-def _fix_state(name: str, obj: Any, noun: str = "object") -> tuple[bool, str]:
-    """Whether fix ``name`` runs for ``obj``, and if not, why."""
+def _fix_state(name: str, obj: Any, noun: str = "object") -> FixVerdict | None:
+    """The stock verdict where fix ``name`` does not run for ``obj`` at all, else None.
+
+    It does not where it is not applied in this process, or where ``obj`` was
+    built inside ``torchrl_fixes.disabled()``.
+    """
     row = registry.status()[name]
+    if row.state == "skipped":
+        # nothing makes it serve: it cannot apply to this TorchRL
+        return FixVerdict(STOCK, f"the fix is skipped in this process ({row.reason})", "skipped")
     if not row.applied:
-        return False, f"{row.state} ({row.reason})" if row.reason else row.state
+        return FixVerdict(
+            STOCK, f"the fix is {row.state} in this process ({row.reason})", "inactive",
+            f"apply it (TORCHRL_FIXES unset or naming {name}, or torchrl_fixes.activate()): "
+            f"applied at any time before the sample, it serves this {noun} too",
+        )
     if getattr(obj, "__dict__", {}).get(STOCK_MARK, False):
-        return False, f"inactive for this {noun} (built inside torchrl_fixes.disabled())"
-    return True, "applied"
+        return FixVerdict(
+            STOCK, f"this {noun} was built inside torchrl_fixes.disabled()", "built disabled",
+            f"build the {noun} outside torchrl_fixes.disabled()",
+        )
+    return None
+
+
+def _slice_index_verdict(parts: _Parts) -> FixVerdict:
+    """slice_boundary_index: the storage's trajectory index, or stock boundary recovery and why."""
+    sampler = parts.sampler
+    if not isinstance(sampler, SliceSampler):
+        return FixVerdict(NOT_RELEVANT, f"{type(sampler).__name__} is not a slice sampler")
+    stock = _fix_state("slice_boundary_index", sampler, "sampler")
+    if stock is not None:
+        return stock
+    reason = fallback_reason(sampler, parts.storage)
+    if reason is not None:
+        return FixVerdict(
+            STOCK, f"a configuration the fix leaves to stock code: {reason}", "configuration",
+            "a configuration the fix reads (python -m torchrl_fixes status lists those it does not)",
+        )
+    return FixVerdict(SERVES)
+
+
+def _single_gather_verdict(parts: _Parts) -> FixVerdict:
+    """single_gather: the slice sampler reads a few entries of the sampled rows, or the full rows and why."""
+    sampler = parts.sampler
+    if not isinstance(sampler, SliceSampler):
+        return FixVerdict(NOT_RELEVANT, f"{type(sampler).__name__} is not a slice sampler: it reads no rows")
+    stock = _fix_state("single_gather", sampler, "sampler")
+    if stock is not None:
+        return stock
+    # the fix edits the method that builds the info: 0.14 on, _finalize_index; before, _get_index
+    builder = "_finalize_index" if hasattr(SliceSampler, "_finalize_index") else "_get_index"
+    owner = defining_class(type(sampler), builder)
+    if owner.__module__.split(".")[0] != "torchrl":
+        return FixVerdict(
+            STOCK, f"{owner.__name__} overrides {builder}: its own code reads the sampled rows", "configuration"
+        )
+    if not _reads_tensordict(parts.storage):
+        return FixVerdict(
+            STOCK,
+            "a configuration the fix leaves to stock code: the storage is not a TensorStorage "
+            "holding a TensorDict, so the sampler reads the full rows",
+            "configuration",
+            "a LazyTensorStorage or LazyMemmapStorage holding a TensorDict",
+        )
+    return FixVerdict(SERVES)
+
+
+def _pinning_verdict(parts: _Parts) -> FixVerdict:
+    """pinned_sample_output: every returned tensor pinned, or stock pinning and why."""
+    buffer = parts.buffer
+    if not buffer._pin_memory:
+        return FixVerdict(NOT_RELEVANT, "pin_memory=False")
+    stock = _fix_state("pinned_sample_output", buffer, "buffer")
+    if stock is not None:
+        return stock
+    owner = _stock_decorated_sample(type(buffer))
+    if owner is not None:
+        return FixVerdict(
+            STOCK,
+            f"{owner.__name__}._sample was decorated with TorchRL's pin_memory_output before "
+            "torchrl_fixes was imported",
+            "stock decorator",
+            f"define {owner.__name__} after import torchrl_fixes (TorchRL's own buffer classes "
+            "are served whenever it is imported)",
+        )
+    return FixVerdict(SERVES)
+
+
+def _stock_decorated_sample(cls: type) -> type | None:
+    """The class whose ``_sample`` TorchRL's own ``pin_memory_output`` decorates, if one does.
+
+    The fix decorates TorchRL's classes again when it is applied; a class defined
+    before (or decorated with the function taken before) keeps the stock decorator.
+    """
+    stock_decorator = get_original(replay_buffer_utils, "pin_memory_output")
+    stock_code = stock_decorator(lambda self: None).__code__
+    owner = defining_class(cls, "_sample")
+    method, seen = vars(owner)["_sample"], set()
+    while isinstance(method, types.FunctionType) and id(method) not in seen:
+        if method.__code__ is stock_code:
+            return owner
+        seen.add(id(method))
+        method = getattr(method, "__wrapped__", None)  # through functools.wraps decorators
+    return None
+
+
+# The verdict of each fix, by name; a fix not listed is judged by _fix_state alone.
+_VERDICTS = {
+    "slice_boundary_index": _slice_index_verdict,
+    "single_gather": _single_gather_verdict,
+    "pinned_sample_output": _pinning_verdict,
+}
+
+
+def _fix_verdicts(parts: _Parts) -> dict[str, FixVerdict]:
+    """Whether each fix of the registry serves ``parts``' buffer, and if not, why.
+
+    Run it where the sampler's state is put back afterwards: finding a slice
+    sampler's boundary signal resolves its trajectory key, as its first sample would.
+    """
+    verdicts = {}
+    for name in registry.names:
+        judge = _VERDICTS.get(name)
+        if judge is not None:
+            verdicts[name] = judge(parts)
+        else:
+            verdicts[name] = _fix_state(name, parts.buffer, "buffer") or FixVerdict(SERVES)
+    return verdicts
+
+
+def _built_before_the_fix(sampler) -> bool:
+    """Whether a slice sampler was built before slice_boundary_index was applied.
+
+    Its ``__init__`` notes whether the sampler names a boundary key; one built
+    before has no note, and reads the key TorchRL picks, never the done flags for it.
+    """
+    return isinstance(sampler, SliceSampler) and "_default_boundary_keys" not in vars(sampler)
 
 
 def _is_slice_sampler(sampler) -> bool:
     return isinstance(sampler, SliceSampler) and not getattr(sampler, "fragmented", False)
 
 
-def _boundary_read(sampler, storage) -> tuple[str, Any] | None:
-    """What the sampler's boundary recovery read: ("trajectory", key) or ("end", key)."""
-    active, _ = _fix_state("slice_boundary_index", sampler)
-    if active and fallback_reason(sampler, storage) is None:
+def _boundary_read(sampler, storage, index_serves: bool) -> tuple[str, Any] | None:
+    """What the sampler's boundary recovery read: ("trajectory", key) or ("end", key).
+
+    ``index_serves``: the storage's trajectory index serves the sampler (its verdict).
+    """
+    if index_serves:
         return boundary_source(storage)
     if "static-stop-and-length" in getattr(sampler, "_cache", {}):
         return None

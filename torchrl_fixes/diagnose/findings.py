@@ -11,8 +11,10 @@ from typing import Any, Callable
 
 from torchrl_fixes.diagnose.report import (
     DOMINANT_SHARE,
+    DRAW_STAGES,
     PREFETCHED_STAGES,
     SAMPLE_STAGES,
+    SERVES,
     Finding,
     _format_seconds,
     _format_share,
@@ -29,9 +31,11 @@ def findings_from(stages: dict[str, float], facts: dict) -> list[Finding]:
     ``facts`` holds what :func:`diagnose` observed: ``pin_memory``, ``prefetch``,
     ``accelerator`` (bool), ``device`` (str or None), ``unpinned`` (names),
     ``tensors``, ``pinned_measured`` (bool), ``transformed_device_none``,
-    ``patched_pin``, ``slice_fix`` ({"active", "why", "fallback"}), ``boundary_read``,
-    ``has_done``, ``traj_key_named``, ``trajectories``, ``gathered_bytes``,
-    ``storage`` (class name), ``memmap_dir``.
+    ``patched_pin``, ``pinning`` and ``slice_index`` (pinned_sample_output's and
+    slice_boundary_index's verdicts, :meth:`FixVerdict.to_dict`), ``cache_values``,
+    ``boundary_read``, ``has_done``, ``traj_key_named``, ``trajectories``,
+    ``write_rows`` (the rows of the write ``after_write`` follows),
+    ``gathered_bytes``, ``storage`` (class name), ``memmap_dir``.
 
     Examples:
         >>> facts = {"pin_memory": False, "accelerator": True, "unpinned": []}
@@ -46,6 +50,7 @@ def findings_from(stages: dict[str, float], facts: dict) -> list[Finding]:
     found: list[_Ranked] = []
     if "boundaries" in stages and share("boundaries") >= DOMINANT_SHARE:
         found.append(_slice_boundaries(stages, facts, share))
+    found += _after_write_findings(stages, facts)
     found += _pinning_findings(stages, facts, share)
     found += _transfer_findings(stages, facts)
     found += _dominant_stage_findings(stages, facts, share)
@@ -53,37 +58,28 @@ def findings_from(stages: dict[str, float], facts: dict) -> list[Finding]:
     return [finding for _, finding in found]
 
 
-def _stock_slice_reason(report_facts: dict) -> str:
-    state = report_facts["slice_fix"]
-    if state["active"] and state["fallback"] is None:
+def _stock_slice_reason(facts: dict) -> str:
+    verdict = facts["slice_index"]
+    if verdict["state"] == SERVES:
         return (
-            "the slice_boundary_index fix is applied and used: the remaining cost grows with "
-            f"the number of trajectories ({report_facts.get('trajectories', 'unknown')})"
+            "the slice_boundary_index fix serves this buffer: the remaining cost grows with "
+            f"the number of trajectories ({facts.get('trajectories', 'unknown')})"
         )
-    if state["active"]:
-        return f"the slice_boundary_index fix is applied, but this configuration falls back to stock code: {state['fallback']}"
-    return f"the slice_boundary_index fix is {state['why']}: stock recovery reads a whole column of the storage at every sample"
+    return f"stock code runs ({verdict['why']}): stock recovery reads a whole column of the storage"
 
 
 def _slice_boundaries(stages: dict[str, float], facts: dict, share: Callable[[str], float]) -> _Ranked:
     """``slice-boundaries``: the boundary recovery dominates; why, and what to change."""
-    why = _stock_slice_reason(facts)
+    why = _stock_slice_reason(facts) + ("" if facts["slice_index"]["state"] == SERVES else " at every sample")
     read = facts.get("boundary_read")
-    fix = facts["slice_fix"]
-    remedies = []
-    if not fix["active"]:
-        remedies.append(
-            "import torchrl_fixes before building the buffer (without TORCHRL_FIXES=0, "
-            "outside torchrl_fixes.disabled())"
-            if "skipped" not in fix["why"]
-            else "the fix cannot apply to this TorchRL (see python -m torchrl_fixes); "
-            "cache_values=True keeps stock boundaries between writes"
-        )
-    elif fix["fallback"] is not None:
-        remedies.append(f"change what falls back ({fix['fallback']}), see torchrl_fixes.status()")
+    verdict = facts["slice_index"]
+    serves = verdict["state"] == SERVES
+    remedies = [verdict["remedy"]] if verdict.get("remedy") else []
+    if verdict.get("cause") == "skipped":
+        remedies.append("cache_values=True keeps stock boundaries until the next write")
     ids_for_done = (
         read is not None and read[0] == "trajectory" and facts.get("has_done")
-        and (not fix["active"] or fix["fallback"] is not None or facts.get("traj_key_named"))
+        and (not serves or facts.get("traj_key_named"))
     )
     if ids_for_done:
         why += f"; it reads the trajectory ids {read[1]!r} where the ('next', 'done') flags would do"
@@ -91,7 +87,7 @@ def _slice_boundaries(stages: dict[str, float], facts: dict, share: Callable[[st
             "SliceSampler(end_key=('next', 'done')) (and no traj_key): a boolean column is 8x "
             "smaller than int64 ids"
         )
-    if fix["active"] and fix["fallback"] is None and not ids_for_done:
+    if serves and not ids_for_done:
         remedies.append("fewer, longer trajectories per stored row, or a larger batch per sample")
     return (share("boundaries"), Finding(
         "slice-boundaries",
@@ -99,6 +95,53 @@ def _slice_boundaries(stages: dict[str, float], facts: dict, share: Callable[[st
         f"({_format_seconds(stages['boundaries'])}): {why}",
         "; ".join(remedies),
     ))
+
+
+def _after_write_findings(stages: dict[str, float], facts: dict) -> list[_Ranked]:
+    """``after-write-draw``: the draw right after a write costs most of that sample, or will.
+
+    Measured: what the draw costs more right after a write than between writes is
+    at least half of that sample. Predicted, where no write was timed: a stock
+    slice sampler with ``cache_values=True`` was timed on its cache, which a write
+    empties.
+    """
+    verdict = facts.get("slice_index") or {}
+    slice_stock = verdict.get("state") == "stock"
+    remedy = verdict.get("remedy") if slice_stock else None
+    if "after_write" not in stages:
+        if not (slice_stock and facts.get("cache_values") and "boundaries" in stages):
+            return []
+        return [(-0.5, Finding(
+            "after-write-draw",
+            "the boundaries timed here come from stock's cache (cache_values=True), which every "
+            "write empties: in an online loop each sample after a write finds them from the whole "
+            "storage again (no write was timed)",
+            remedy or "prefetch=N draws the next sample in a worker thread while the model trains",
+        ))]
+    draw = sum(stages.get(name, 0.0) for name in DRAW_STAGES)
+    total = sum(stages.get(name, 0.0) for name in SAMPLE_STAGES) - draw + stages["after_write"]
+    extra = stages["after_write"] - draw
+    if total <= 0 or extra / total < DOMINANT_SHARE:
+        return []
+    if slice_stock:
+        why = (
+            f": stock code runs ({verdict['why']}), which finds the trajectory boundaries from the "
+            "whole storage again after every write"
+            + (" (cache_values=True keeps them only until the next write)" if facts.get("cache_values") else "")
+        )
+    elif verdict.get("state") == SERVES:
+        why = ": the storage's trajectory index reads the rows written since the last sample"
+    else:
+        why = ""
+    remedies = [r for r in (remedy,) if r]
+    remedies.append("prefetch=N draws the next sample in a worker thread while the model trains")
+    return [(extra / total, Finding(
+        "after-write-draw",
+        f"right after a write of {facts.get('write_rows', 0):,} rows a sample takes "
+        f"{_format_seconds(total)}, the index draw {_format_seconds(stages['after_write'])} of it "
+        f"against {_format_seconds(draw)} between writes{why}",
+        "; ".join(remedies),
+    ))]
 
 
 def _pinning_findings(stages: dict[str, float], facts: dict, share: Callable[[str], float]) -> list[_Ranked]:
@@ -115,7 +158,7 @@ def _pinning_findings(stages: dict[str, float], facts: dict, share: Callable[[st
             f"pin_memory=True, but no accelerator is available: {behaviour}",
             "pass pin_memory=torch.cuda.is_available() (or False here); pinned memory only "
             "serves copies to an accelerator"
-            + ("" if facts["patched_pin"] else "; with torchrl_fixes imported the buffer warns and carries on"),
+            + ("" if facts["patched_pin"] else "; where pinned_sample_output serves the buffer, it warns and carries on"),
         )))
     if facts["pin_memory"] and facts["unpinned"]:
         found.append((-2.0, _unpinned(facts)))
@@ -144,11 +187,12 @@ def _unpinned(facts: dict) -> Finding:
         else f"pin_memory=True, but even with an accelerator {len(unpinned)} of "
         f"{facts['tensors']} returned tensors would not be pinned"
     )
+    fix = (facts.get("pinning") or {}).get("remedy")
     return Finding(
         "pin-memory-unpinned",
         f"{lead} ({shown})" + (f": {'; '.join(causes)}" if causes else ""),
-        "import torchrl_fixes (pinned_sample_output pins every tensor sample() returns), or have "
-        "the transform return a TensorDict on device='cpu'",
+        (f"{fix} (pinned_sample_output pins every tensor sample() returns), or " if fix else "")
+        + "have the transform return a TensorDict on device='cpu'",
     )
 
 

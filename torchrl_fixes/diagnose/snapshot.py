@@ -3,7 +3,8 @@
 :func:`_untouched` snapshots the sampler's (and a sample unit's) attributes, the
 storage's, writer's and buffer's attributes, every random generator they hold and
 torch's, numpy's and Python's global generators, and puts them back after the
-timed block. :func:`_quiescent` holds the buffer's futures lock while no prefetch
+timed block; the stored values, which the block may write again as they are
+(:mod:`~torchrl_fixes.diagnose.after_write`), are not copied. :func:`_quiescent` holds the buffer's futures lock while no prefetch
 or priority update is running, and refuses the buffer otherwise. The transform is
 timed on a copy of itself (:func:`_transform_copy`).
 """
@@ -148,9 +149,11 @@ def _untouched(parts: _Parts) -> Iterator[None]:
     global_generators = _GlobalGenerators()
     generator_states = {key: _generator_state(gen) for key, gen in generators.items()}
     snapshots = [_AttributeSnapshot(obj, keep) for obj in (parts.sampler, parts.sample_unit) if obj is not None]
-    # the buffer, storage and writer are only read: a shallow copy puts back any rebinding
+    # the buffer, storage and writer are only read (or written again with the values they
+    # hold, without moving the storage's cursor): a shallow copy puts back any rebinding
     shallow = [(obj, dict(vars(obj))) for obj in (parts.buffer, parts.storage, parts.writer)]
-    length = len(parts.storage)
+    # kept outside the attributes from TorchRL 0.14 on (shared with other processes)
+    length, cursor = len(parts.storage), getattr(parts.storage, "_last_cursor_index", None)
     try:
         yield
     finally:
@@ -164,8 +167,8 @@ def _untouched(parts: _Parts) -> Iterator[None]:
         for key, gen in generators.items():
             _set_generator_state(gen, generator_states[key])
         global_generators.restore()
-    if len(parts.storage) != length:  # pragma: no cover - a bug of this module
-        raise AssertionError("diagnose changed the storage's length")
+    if (len(parts.storage), getattr(parts.storage, "_last_cursor_index", None)) != (length, cursor):
+        raise AssertionError("diagnose changed the storage's length or cursor")  # pragma: no cover - a bug here
 
 
 @contextlib.contextmanager

@@ -4,7 +4,9 @@
 sampler and storage: the index draw (a slice sampler's boundary recovery timed on
 its own, by wrapping the real method), the storage gather, the transform (a
 copy), pinning, the info entries ``TensorDictReplayBuffer.sample`` writes into the
-sample and the host->device copy. Each stage's times go to a :class:`_Clock`, and
+sample and the host->device copy; then, given a write to follow
+(:class:`~torchrl_fixes.diagnose.after_write._SameValuesWrite`), the sampler's
+whole draw right after it. Each stage's times go to a :class:`_Clock`, and
 what the samples showed besides times to an :class:`_Observed`.
 
 Run it inside :func:`~torchrl_fixes.diagnose.snapshot._untouched`: it changes the
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import re
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -76,26 +79,39 @@ class _Observed:
     leaves: int = 0
     boundary_read: tuple | None = None
     info_keys: set = field(default_factory=set)
+    boundary_calls: int = 0  # calls of the boundary recovery between writes
+    write_failed: str | None = None  # why the rows could not be written again
 
 
-def _timed_boundaries(sampler, elapsed: list[float]):
-    """An instance attribute shadowing ``sampler._get_stop_and_length`` that adds its time to ``elapsed``."""
-    bound = type(sampler)._get_stop_and_length.__get__(sampler)
-    depth = [0]
+class _BoundaryTimer:
+    """The time a slice sampler's ``_get_stop_and_length`` takes, and its calls.
 
-    @functools.wraps(bound)
-    def _get_stop_and_length(*args, **kwargs):
-        if depth[0]:  # the stock code calls itself again for its fallback key
-            return bound(*args, **kwargs)
-        depth[0] += 1
-        start = time.perf_counter()
-        try:
-            return bound(*args, **kwargs)
-        finally:
-            elapsed[0] += time.perf_counter() - start
-            depth[0] -= 1
+    :meth:`install` shadows the method with an instance attribute that adds to
+    :attr:`seconds` and :attr:`calls` (the snapshot removes the attribute).
+    """
 
-    return _get_stop_and_length
+    def __init__(self):
+        self.seconds = 0.0
+        self.calls = 0
+
+    def install(self, sampler) -> None:
+        bound = type(sampler)._get_stop_and_length.__get__(sampler)
+        depth = [0]
+
+        @functools.wraps(bound)
+        def _get_stop_and_length(*args, **kwargs):
+            if depth[0]:  # the stock code calls itself again for its fallback key
+                return bound(*args, **kwargs)
+            depth[0] += 1
+            self.calls += 1
+            start = time.perf_counter()
+            try:
+                return bound(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - start
+                depth[0] -= 1
+
+        vars(sampler)["_get_stop_and_length"] = _get_stop_and_length
 
 
 def _leaves(obj, prefix=()) -> Iterator[tuple[tuple, torch.Tensor]]:
@@ -180,55 +196,75 @@ def _write_info(parts: _Parts, patched_pin: bool, data, info):
 
 
 def _measure(parts: _Parts, batch_size: int, samples: int, device, clock: _Clock, observed: _Observed,
-             patched_pin: bool, transform, write_info: bool) -> None:
+             pinning_fixed: tuple[bool, bool], transform, write_info: bool, index_serves: bool,
+             rewrite=None) -> None:
     """Times ``samples`` samples of ``parts``' buffer stage by stage, into ``clock`` and ``observed``.
 
     ``transform`` is the copy of the buffer's transform to run (None: none), and
     ``write_info`` whether to time the info stage; ``device``, where to time the
-    host->device copy to (None: not timed).
+    host->device copy to (None: not timed). ``pinning_fixed``: whether the fix
+    pins what ``_sample`` returns, and the info entries ``sample()`` writes;
+    ``index_serves``: whether the storage's trajectory index serves a slice
+    sampler. Given ``rewrite`` (a
+    :class:`~torchrl_fixes.diagnose.after_write._SameValuesWrite`), ``samples``
+    more draws follow, each right after it writes, timed whole as ``after_write``.
     """
     sampler = parts.sampler
     slice_sampler = _is_slice_sampler(sampler)
-    boundary_seconds = [0.0]
-    if slice_sampler:
-        vars(sampler)["_get_stop_and_length"] = _timed_boundaries(sampler, boundary_seconds)
+    boundaries = _BoundaryTimer() if slice_sampler else None
+    if boundaries is not None:
+        boundaries.install(sampler)
     pinning = bool(parts.buffer._pin_memory) and _accelerator_available()
     for i in range(samples):
-        data, info = _time_draw_and_gather(parts, batch_size, clock, boundary_seconds if slice_sampler else None)
+        data, info = _time_draw_and_gather(parts, batch_size, clock, boundaries)
         observed.gathered_bytes.append(_nbytes(data))
         if i == 0 and slice_sampler:
-            observed.boundary_read = _boundary_read(sampler, parts.storage)
+            observed.boundary_read = _boundary_read(sampler, parts.storage, index_serves)
         if transform is not None:
             data = _time_transform(parts, transform, data, clock)
             if i == 0:
                 observed.transformed_device_none = is_tensor_collection(data) and data.device is None
         if pinning:
             start = time.perf_counter()
-            data, info = _pin(parts, patched_pin, (data, info))
+            data, info = _pin(parts, pinning_fixed[0], (data, info))
             clock.add("pin_memory", time.perf_counter() - start)
         if write_info:
             start = time.perf_counter()
-            data = _write_info(parts, patched_pin and pinning, data, info)
+            data = _write_info(parts, pinning_fixed[1] and pinning, data, info)
             clock.add("info", time.perf_counter() - start)
         if i == 0:
             observed.first_data = data
             observed.info_keys = {_name(key) for key in info}
         if device is not None and hasattr(data, "to"):
             _time_copy(data, device, clock)
+    if boundaries is not None:
+        observed.boundary_calls = boundaries.calls
+    if rewrite is None:
+        return
+    after_write = _Clock()
+    for _ in range(samples):
+        try:
+            rewrite.write()
+        except RuntimeError as err:  # a storage of inference tensors, say; a failed write wrote its own values
+            first_sentence = re.split(r"\.(?=\s|[A-Z])", str(err), maxsplit=1)[0]
+            observed.write_failed = f"writing the rows again failed: {first_sentence}"
+            return
+        _time_draw_and_gather(parts, batch_size, after_write, boundaries)
+    for boundary, draw in zip(after_write.times.get("boundaries", [0.0] * samples), after_write.times["sampler"]):
+        clock.add("after_write", boundary + draw)
 
 
-def _time_draw_and_gather(parts: _Parts, batch_size: int, clock: _Clock, boundary_seconds: list[float] | None):
+def _time_draw_and_gather(parts: _Parts, batch_size: int, clock: _Clock, boundaries: _BoundaryTimer | None):
     """One index draw and gather, as ``ReplayBuffer._sample`` runs them; returns ``(data, info)``.
 
-    ``boundary_seconds`` is what :func:`_timed_boundaries` adds a slice sampler's
-    boundary recovery to (None for other samplers): that time is its own stage,
-    taken out of the sampler's.
+    ``boundaries`` times a slice sampler's boundary recovery (None for other
+    samplers): that time is its own stage, taken out of the sampler's.
     """
     sampler, storage = parts.sampler, parts.storage
     tracks_generations = getattr(parts.writer, "tracks_generations", False)
     set_names = getattr(sampler, "_set_sample_names", None)
-    if boundary_seconds is not None:
-        boundary_seconds[0] = 0.0
+    if boundaries is not None:
+        boundaries.seconds = 0.0
     start = time.perf_counter()
     index, info = sampler.sample(storage, batch_size)
     if parts.sample_unit is not None:
@@ -243,11 +279,11 @@ def _time_draw_and_gather(parts: _Parts, batch_size: int, clock: _Clock, boundar
     if set_names is not None:
         data = set_names(data)
     gathered = time.perf_counter()
-    boundaries = 0.0
-    if boundary_seconds is not None:
-        boundaries = boundary_seconds[0]
-        clock.add("boundaries", boundaries)
-    clock.add("sampler", drawn - start - boundaries)
+    boundary_seconds = 0.0
+    if boundaries is not None:
+        boundary_seconds = boundaries.seconds
+        clock.add("boundaries", boundary_seconds)
+    clock.add("sampler", drawn - start - boundary_seconds)
     clock.add("gather", gathered - drawn)
     return data, info
 
@@ -277,25 +313,29 @@ def _time_copy(data, device: torch.device, clock: _Clock) -> None:
     _synchronize(device)
 
 
-def _unpinned_leaves(parts: _Parts, data, patched_pin: bool, observed: _Observed) -> tuple[list[str], int, bool]:
+def _unpinned_leaves(parts: _Parts, data, pinning_fixed: tuple[bool, bool],
+                     observed: _Observed) -> tuple[list[str], int, bool]:
     """Returned tensors not pinned: measured with an accelerator, predicted without one.
 
-    Returns (names, number of tensors, measured).
+    ``pinning_fixed``: whether the fix pins what ``_sample`` returns, and the info
+    entries ``sample()`` writes. Returns (names, number of tensors, measured).
     """
     leaves = list(_leaves(data))
     names = [_name(key) for key, _ in leaves]
     if _accelerator_available():
         return [n for n, (_, t) in zip(names, leaves) if t.device.type == "cpu" and not t.is_pinned()], len(leaves), True
-    if patched_pin:
+    if all(pinning_fixed):
         return [], len(leaves), False
-    # stock pins the output of _sample only where it has device == cpu, and never the
-    # info entries TensorDictReplayBuffer.sample sets afterwards
-    data_pinned = (is_tensor_collection(data) and data.device == torch.device("cpu")) or (
+    # stock pins the output of _sample only where it has device == cpu, and stock
+    # TensorDictReplayBuffer.sample never the info entries it sets afterwards
+    data_pinned = pinning_fixed[0] or (is_tensor_collection(data) and data.device == torch.device("cpu")) or (
         isinstance(data, torch.Tensor) and data.device.type == "cpu"
     )
     unpinned = []
     for name in names:
-        is_info = parts.tensordict_sample and name in observed.info_keys
-        if is_info or not data_pinned:
+        if parts.tensordict_sample and name in observed.info_keys:
+            if not pinning_fixed[1]:
+                unpinned.append(name)
+        elif not data_pinned:
             unpinned.append(name)
     return unpinned, len(leaves), False

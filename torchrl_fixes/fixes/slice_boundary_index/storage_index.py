@@ -213,7 +213,7 @@ class StorageTrajectoryIndex:
     """
 
     def __init__(self, storage):
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # draws hold it too (_reads_index)
         self._logged = False  # that the ids and the done flags disagree, once
         self._reset(storage)
 
@@ -221,8 +221,8 @@ class StorageTrajectoryIndex:
     def of(cls, storage) -> StorageTrajectoryIndex:
         """``storage``'s index, made on first use."""
         entry = storage.__dict__.get("_trajectory_index")
-        if entry is None:
-            entry = storage.__dict__["_trajectory_index"] = cls(storage)
+        if entry is None:  # one entry, and lock, where two threads make one
+            entry = storage.__dict__.setdefault("_trajectory_index", cls(storage))
         return entry
 
     def _reset(self, storage) -> None:

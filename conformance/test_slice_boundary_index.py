@@ -1255,6 +1255,45 @@ def test_two_buffers_on_one_storage_draw_from_one_state_of_the_index(sampler, mo
     assert torn == 0, f"{torn} of {draws} draws read more than one state of the index"
 
 
+def _indices(cursor) -> int:
+    """How many indices a recorded write cursor holds."""
+    return cursor.numel() if isinstance(cursor, torch.Tensor) else np.size(cursor)
+
+
+def test_writes_between_two_samples_keep_at_most_a_quarter_of_the_rows():
+    """What an index keeps of the writes since the last query is bounded by the
+    storage's rows, not by the writes: 40 writes of the whole storage keep at most a
+    quarter of its rows' indices, and the next sample is stock's."""
+    from torchrl.data import LazyTensorStorage, ReplayBuffer
+
+    def scenario():
+        rb = ReplayBuffer(
+            storage=LazyTensorStorage(1_000),
+            sampler=SliceSampler(slice_len=4, traj_key=EPISODE_KEY),
+            batch_size=32,
+        )
+        step = torch.arange(41_000)
+        rows = TensorDict(
+            {"obs": step, EPISODE_KEY: step // 10, ("next", "done"): (step % 10 == 9)[:, None]},
+            [41_000],
+        )
+        rb.extend(rows[:1_000])
+        samples, kept = [rb.sample(return_info=True)], []
+        for start in range(1_000, 41_000, 1_000):
+            rb.extend(rows[start : start + 1_000])
+            entry = vars(rb.storage).get("_trajectory_index")
+            if entry is not None:
+                kept.append(sum(_indices(cursor) for cursor in entry._written))
+        samples.append(rb.sample(return_info=True))
+        return samples, kept
+
+    stock, _ = run_stock(scenario)
+    patched, kept = run_patched(scenario)
+    assert_identical(stock, patched)
+    if reference.in_effect(FIX):
+        assert len(kept) == 40 and max(kept) <= 250, kept
+
+
 def _lazily_stacked_samples():
     """Samples of an ndim=2 TensorStorage over a lazy stack of three lanes."""
     from tensordict import LazyStackedTensorDict

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import importlib
 import inspect
 import itertools
@@ -1117,6 +1118,180 @@ def test_a_failed_write_matches_stock():
     stock = run_stock(_samples_around_a_failed_write)
     assert isinstance(stock[1], str) and stock[2] == 31, stock[1:3]  # raised, cursor moved
     assert_identical(stock, run_patched(_samples_around_a_failed_write))
+
+
+# The reads of a trajectory index a draw makes after the query that brings it up to
+# date; each records which state of which index it finds, and yields to the other
+# threads first (the draw is slow).
+_INDEX_READS = ("count", "select", "boundaries", "stops_around", "changes_since")
+
+
+def _alternating_episodes(start: int, rows: int) -> TensorDict:
+    """``rows`` steps from ``start``: one episode, or as many one-step episodes, in turn.
+
+    Written over a full storage, they add or remove many trajectories at once.
+    """
+    one_episode = (start // rows) % 2
+    step = torch.arange(start, start + rows)
+    done = torch.ones(rows, 1, dtype=torch.bool)
+    if one_episode:
+        done[:-1] = False
+    episode = torch.full_like(step, start) if one_episode else step
+    return TensorDict({"obs": step, EPISODE_KEY: episode, ("next", "done"): done}, [rows])
+
+
+def draws_of_two_buffers(sampler, seconds: float, monkeypatch) -> tuple:
+    """Two buffers over one storage for ``seconds``: one thread samples the first,
+    another extends and samples the second (whose catch-ups rewrite the index).
+
+    Every read of the index the sampling thread makes yields first, so that the other
+    thread runs in the middle of its draws; the query that brings the index up to date
+    records the state it leaves too.
+
+    Args:
+        sampler (callable): makes each buffer's sampler.
+        seconds (float): how long the threads run.
+        monkeypatch: pytest's, to instrument the index's reads.
+
+    Returns:
+        ``(errors, torn, draws)``: the exceptions either thread raised, the draws of
+        the sampling thread that read more than one state of the index, and its draws.
+    """
+    import threading
+    import time
+
+    from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
+
+    StorageTrajectoryIndex = reference.boundary_index_module("storage_index").StorageTrajectoryIndex
+    TrajectoryIndex = reference.boundary_index_module("trajectory_index").TrajectoryIndex
+    sampling = threading.local()  # the states the sampling thread's draw read
+
+    def instrumented(read):
+        def recorded(index, *args):
+            seen = getattr(sampling, "seen", None)
+            if seen is not None:
+                time.sleep(0.0005)
+                seen.add((id(index), index.revision))
+            return read(index, *args)
+
+        return recorded
+
+    def query(entry, *args, stock_query=StorageTrajectoryIndex.index):
+        index, _ = found = stock_query(entry, *args)
+        seen = getattr(sampling, "seen", None)
+        if seen is not None:
+            seen.add((id(index), index.revision))
+        return found
+
+    for name in _INDEX_READS:
+        monkeypatch.setattr(TrajectoryIndex, name, instrumented(getattr(TrajectoryIndex, name)))
+    monkeypatch.setattr(StorageTrajectoryIndex, "index", query)
+    storage = LazyTensorStorage(400)
+    first, second = (
+        TensorDictReplayBuffer(storage=storage, sampler=sampler(), batch_size=32) for _ in range(2)
+    )
+    second.extend(_alternating_episodes(0, 400))
+    first.sample()
+    errors, torn, draws, stop = [], [0], [0], time.monotonic() + seconds
+
+    def sample_first():
+        while time.monotonic() < stop:
+            sampling.seen = set()
+            try:
+                first.sample()
+            except Exception as err:  # noqa: BLE001 (counted)
+                errors.append(err)
+            torn[0] += len(sampling.seen) > 1
+            draws[0] += 1
+
+    def write_and_sample_second():
+        start = 400
+        while time.monotonic() < stop:
+            try:
+                second.extend(_alternating_episodes(start, 50))
+                second.sample()
+            except Exception as err:  # noqa: BLE001 (counted)
+                errors.append(err)
+            start += 50
+
+    threads = [threading.Thread(target=body) for body in (sample_first, write_and_sample_second)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return errors, torn[0], draws[0]
+
+
+class _SliceSamplerOwnSlices(SliceSampler):
+    """Samples with stock code, which reads the index through ``_get_stop_and_length``."""
+
+    def _sample_slices(self, *args, **kwargs):
+        return super()._sample_slices(*args, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "sampler",
+    ["SliceSampler", "SliceSamplerWithoutReplacement", "_get_stop_and_length", PRIORITIZED_SAMPLER],
+)
+def test_two_buffers_on_one_storage_draw_from_one_state_of_the_index(sampler, monkeypatch, request):
+    """A thread samples one buffer while another writes and samples a second buffer over
+    the same storage: no draw raises, and none reads the index as the other thread's
+    catch-up rewrites it (without the lock, most draws would; some raised IndexError)."""
+    from torchrl.data.replay_buffers import samplers
+
+    options = {"slice_len": 4, "traj_key": EPISODE_KEY, "strict_length": False}
+    if sampler == PRIORITIZED_SAMPLER:
+        request.getfixturevalue("torchrl_extension")
+        make = functools.partial(
+            samplers.PrioritizedSliceSampler, 400, alpha=0.7, beta=0.5, **options
+        )
+    elif sampler == "_get_stop_and_length":
+        make = functools.partial(_SliceSamplerOwnSlices, **options)
+    else:
+        make = functools.partial(getattr(samplers, sampler), **options)
+    errors, torn, draws = draws_of_two_buffers(make, 1.0, monkeypatch)
+    assert draws > 20, "the sampling thread hardly ran"
+    assert [repr(err) for err in errors] == []
+    assert torn == 0, f"{torn} of {draws} draws read more than one state of the index"
+
+
+def _indices(cursor) -> int:
+    """How many indices a recorded write cursor holds."""
+    return cursor.numel() if isinstance(cursor, torch.Tensor) else np.size(cursor)
+
+
+def test_writes_between_two_samples_keep_at_most_a_quarter_of_the_rows():
+    """What an index keeps of the writes since the last query is bounded by the
+    storage's rows, not by the writes: 40 writes of the whole storage keep at most a
+    quarter of its rows' indices, and the next sample is stock's."""
+    from torchrl.data import LazyTensorStorage, ReplayBuffer
+
+    def scenario():
+        rb = ReplayBuffer(
+            storage=LazyTensorStorage(1_000),
+            sampler=SliceSampler(slice_len=4, traj_key=EPISODE_KEY),
+            batch_size=32,
+        )
+        step = torch.arange(41_000)
+        rows = TensorDict(
+            {"obs": step, EPISODE_KEY: step // 10, ("next", "done"): (step % 10 == 9)[:, None]},
+            [41_000],
+        )
+        rb.extend(rows[:1_000])
+        samples, kept = [rb.sample(return_info=True)], []
+        for start in range(1_000, 41_000, 1_000):
+            rb.extend(rows[start : start + 1_000])
+            entry = vars(rb.storage).get("_trajectory_index")
+            if entry is not None:
+                kept.append(sum(_indices(cursor) for cursor in entry._written))
+        samples.append(rb.sample(return_info=True))
+        return samples, kept
+
+    stock, _ = run_stock(scenario)
+    patched, kept = run_patched(scenario)
+    assert_identical(stock, patched)
+    if reference.in_effect(FIX):
+        assert len(kept) == 40 and max(kept) <= 250, kept
 
 
 def _lazily_stacked_samples():

@@ -230,6 +230,7 @@ def _slice_without_replacement_from_index() -> list:
                "    if sampled is not None:", "        return sampled"),
         Edit(_SWR, None, (("\nimport torch\n", "\nimport numpy as np\nimport torch\n"),)),  # the blank line stays above
         _after(_SWR, None, "from .slice import SliceSampler\n",
+               "from torchrl.data.replay_buffers.samplers._slice_boundaries import _reads_index",
                "from torchrl.data.replay_buffers.samplers._slice_sampling import (",
                "    _slice_request,", "    _slices_of_drawn,", "    _warn_if_short,", ")"),
     ]
@@ -312,7 +313,7 @@ def _prioritized_slice_eligible_starts() -> list:
     edits = fix.prioritized_sample_edits(torchrl_fixes.get_original(PrioritizedSliceSampler, "sample"))
     return [
         *_trajectory_index_changes(),
-        Functions(_PSS, _reached(fix, "_eligible_starts"), before="PrioritizedSliceSampler"),
+        Functions(_PSS, _reached(fix, "_sample_eligible_starts"), before="PrioritizedSliceSampler"),
         Edit(_PSS, "PrioritizedSliceSampler.sample", edits),
         _after(_PSS, "PrioritizedSliceSampler.__getstate__",  # state_without_eligible_starts
                "    state.update(PrioritizedSampler.__getstate__(self))\n",
@@ -322,7 +323,8 @@ def _prioritized_slice_eligible_starts() -> list:
                "    # the priorities it writes in place are read anew",
                '    self.__dict__.pop("_eligible_starts", None)'),
         _after(_PSS, None, "from .prioritized import PrioritizedSampler\n",
-               "from torchrl.data.replay_buffers.samplers._slice_boundaries import _current_index, _overrides"),
+               "from torchrl.data.replay_buffers.samplers._slice_boundaries import (",
+               "    _current_index,", "    _overrides,", "    _reads_index,", ")"),
         # note_priorities_set, as the sampler's own update_priority
         Edit(_PSS, "PrioritizedSliceSampler", (("    def __getstate__(self):\n", _UPDATE_PRIORITY + "    def __getstate__(self):\n"),)),
     ]

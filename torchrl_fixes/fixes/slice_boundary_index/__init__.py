@@ -72,7 +72,7 @@ try:
 
     # these import TorchRL's storages too
     from torchrl_fixes.fixes.slice_boundary_index.prioritized_slices import (
-        _eligible_starts,
+        _sample_eligible_starts,
         prioritized_sample_edits,
         SLICE_STOP_EDITS,
     )
@@ -141,11 +141,11 @@ def sample_without_replacement_from_index(wrapped, instance, args, kwargs):
     )
 
 
-def eligible_starts(sampler, storage, seq_length: int):
-    """The sampler's eligible starts (:func:`~.prioritized_slices._eligible_starts`), where the storage's revision follows every write."""
+def sample_eligible_starts(sampler, storage, batch_size: int, seq_length: int):
+    """The starts drawn from the sampler's eligible starts (:func:`~.prioritized_slices._sample_eligible_starts`), where the storage's revision follows every write."""
     if not _sees_every_write(storage):
         return None
-    return _eligible_starts(sampler, storage, seq_length)
+    return _sample_eligible_starts(sampler, storage, batch_size, seq_length)
 
 
 def note_priorities_set(wrapped, instance, args, kwargs):
@@ -361,7 +361,7 @@ class SliceBoundaryIndex(Fix):
                 "sample",
                 prioritized,
                 prioritized_sample_edits(prioritized) + SLICE_STOP_EDITS,
-                {"_eligible_starts": eligible_starts},
+                {"_sample_eligible_starts": sample_eligible_starts},
             )
         )
         if _backports_mutation_revision():

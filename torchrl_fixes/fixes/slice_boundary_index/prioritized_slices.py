@@ -11,7 +11,8 @@ or priorities (``update_priority``) changed. The tree holds the same values as t
 zeroed one, and the extension's tree computes each sum from the values alone, so the
 draw, the weights and ``priority_weight`` are the same; the sampler's own tree is
 never written, and the stops come from the storage's index.
-:func:`prioritized_sample_edits` makes ``PrioritizedSliceSampler.sample`` draw so.
+:func:`prioritized_sample_edits` makes ``PrioritizedSliceSampler.sample`` draw so
+(:func:`_sample_eligible_starts`).
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from torchrl.data.replay_buffers.samplers import (
 from torchrl_fixes.fixes.slice_boundary_index.slice_boundaries import (
     _current_index,
     _overrides,
+    _reads_index,
 )
 
 
@@ -167,6 +169,31 @@ class _WithSumTree:
         return getattr(self._sampler, name)
 
 
+@_reads_index
+def _sample_eligible_starts(sampler, storage, batch_size: int, seq_length: int):
+    """The slice starts ``PrioritizedSliceSampler.sample`` draws from :func:`_eligible_starts`, or None (stock code).
+
+    Args:
+        sampler (PrioritizedSliceSampler): the sampler.
+        storage (Storage): the storage it samples.
+        batch_size (int): the rows of the sample.
+        seq_length (int): the length of the slices, from ``_adjusted_batch_size``.
+
+    Returns:
+        ``(starts, info, seq_length, device)``: the starts and the info
+        ``PrioritizedSampler.sample`` draws, the length of each slice (where slices
+        may be shorter, up to its trajectory's stop) and the device of the
+        storage's boundary columns.
+    """
+    eligible_starts = _eligible_starts(sampler, storage, seq_length)
+    if eligible_starts is None:
+        return None
+    starts, info = eligible_starts.sample(sampler, storage, batch_size // seq_length)
+    if sampler.span[1] or not sampler.strict_length:
+        seq_length = eligible_starts.slice_lengths(starts, seq_length)
+    return starts, info, seq_length, eligible_starts.device
+
+
 def _eligible_starts(sampler, storage, seq_length: int):
     """The sampler's :class:`_EligibleStarts` for slices of ``seq_length``, brought up to date.
 
@@ -233,8 +260,8 @@ def _tail(sampler, storage, seq_length: int) -> int | None:
 def prioritized_sample_edits(stock) -> tuple:
     """The edits of ``PrioritizedSliceSampler.sample`` (``stock``) that draw from :func:`_eligible_starts`.
 
-    Where it returns the sampler's eligible starts, they are drawn from, and the
-    slices that may be shorter end at the stops the index gives
+    Where :func:`_sample_eligible_starts` draws from the sampler's eligible starts,
+    the slices that may be shorter end at the stops the index gives
     (:meth:`_EligibleStarts.slice_lengths`); elsewhere the stock code runs, as
     written, one level down, save that it writes the priorities it zeroed back
     even where its draw raises.
@@ -261,27 +288,20 @@ def prioritized_sample_edits(stock) -> tuple:
         (
             head,
             "    seq_length, num_slices = self._adjusted_batch_size(batch_size)\n"
-            "    eligible_starts = _eligible_starts(self, storage, seq_length)\n",
+            "    drawn = _sample_eligible_starts(self, storage, batch_size, seq_length)\n",
         ),
         (
             zeroing,
-            "    if eligible_starts is None:\n"
+            "    if drawn is None:\n"
             "        start_idx, stop_idx, lengths = self._get_stop_and_length(storage)\n"
             "        device = lengths.device\n"
             + textwrap.indent(restoring, "    ", str.strip)
             + "    else:\n"
-            "        device = eligible_starts.device\n"
-            "        starts, info = eligible_starts.sample(\n"
-            "            self, storage, batch_size // seq_length\n"
-            "        )\n"
-            "        if self.span[1] or not self.strict_length:\n"
-            "            seq_length = eligible_starts.slice_lengths(starts, seq_length)\n",
+            "        starts, info, seq_length, device = drawn\n",
         ),
         (
             f"{truncate}    if self.span[1] or not self.strict_length:\n",
-            f"{truncate}    if eligible_starts is None and (\n"
-            "        self.span[1] or not self.strict_length\n"
-            "    ):\n",
+            f"{truncate}    if drawn is None and (self.span[1] or not self.strict_length):\n",
         ),
         ('"], device=lengths.device', '"], device=device'),
     )

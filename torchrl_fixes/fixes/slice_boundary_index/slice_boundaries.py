@@ -94,6 +94,18 @@ def _current_index(sampler, storage):
         return None
 
 
+def _reads_index(draw):
+    """``draw(sampler, storage, ...)``, holding the storage's index: it reads one state of it."""
+
+    def held(sampler, storage, *args):
+        if _fallback_reason(sampler, storage) is not None:
+            return draw(sampler, storage, *args)
+        with StorageTrajectoryIndex.of(storage)._lock:  # reentrant: stock code may run
+            return draw(sampler, storage, *args)
+
+    return held
+
+
 def _as_tensors(rows: tuple, device: torch.device) -> tuple:
     """``(start, stop, lengths)`` as the stock recovery returns them, on ``device``."""
     start, stop, lane, lengths = (
@@ -106,6 +118,7 @@ def _as_tensors(rows: tuple, device: torch.device) -> tuple:
     return tuple(t.to(device) for t in (start, stop, lengths))
 
 
+@_reads_index
 def _stop_and_length_from_index(sampler, storage):
     """What ``sampler._get_stop_and_length(storage)`` returns, or None (stock code)."""
     found = _current_index(sampler, storage)

@@ -16,9 +16,11 @@ from torchrl_fixes.fixes.slice_boundary_index.slice_boundaries import (
     _as_tensors,
     _current_index,
     _overrides,
+    _reads_index,
 )
 
 
+@_reads_index
 def _sample_from_index(sampler, storage, batch_size: int):
     """What ``sampler.sample(storage, batch_size)`` returns, or None (stock code).
 

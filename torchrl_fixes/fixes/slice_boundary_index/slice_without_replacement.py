@@ -14,6 +14,7 @@ import numpy as np
 
 from torchrl.data.replay_buffers.samplers import SamplerWithoutReplacement
 
+from torchrl_fixes.fixes.slice_boundary_index.slice_boundaries import _reads_index
 from torchrl_fixes.fixes.slice_boundary_index.slice_sampling import (
     _slice_request,
     _slices_of_drawn,
@@ -21,6 +22,7 @@ from torchrl_fixes.fixes.slice_boundary_index.slice_sampling import (
 )
 
 
+@_reads_index
 def _sample_without_replacement_from_index(sampler, storage, batch_size: int):
     """What ``sampler.sample(storage, batch_size)`` returns, or None (stock code).
 

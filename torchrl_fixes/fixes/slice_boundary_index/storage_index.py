@@ -5,7 +5,8 @@ keeps a :class:`StorageTrajectoryIndex` as ``storage._trajectory_index``: one
 :class:`~.trajectory_index.TrajectoryIndex` per boundary signal, the storage's
 mutation revision, and the identity, memory and version counter of each column
 read. ``TensorStorage.set`` records each write's cursor; the next query reads those
-rows alone, or rebuilds if anything else moved. Writes torch does not count
+rows alone, or rebuilds if anything else moved or they hold more indices than a
+quarter of its ``max_size``. Writes torch does not count
 (through ``.data`` or numpy, or by a process that does not go through TorchRL) are
 not seen. The index is never pickled or copied with its storage.
 """
@@ -135,8 +136,6 @@ def _written_rows(cursor, capacity: int) -> np.ndarray | None:
     """The rows ``storage.set(cursor, ...)`` wrote (None where unknown)."""
     if isinstance(cursor, slice):
         return np.arange(*cursor.indices(capacity))
-    if isinstance(cursor, tuple):
-        return None  # an index along several dims
     if isinstance(cursor, torch.Tensor):
         cursor = cursor.cpu().numpy()
     cursor = np.asarray(cursor)
@@ -213,7 +212,7 @@ class StorageTrajectoryIndex:
     """
 
     def __init__(self, storage):
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # draws hold it too (_reads_index)
         self._logged = False  # that the ids and the done flags disagree, once
         self._reset(storage)
 
@@ -221,8 +220,8 @@ class StorageTrajectoryIndex:
     def of(cls, storage) -> StorageTrajectoryIndex:
         """``storage``'s index, made on first use."""
         entry = storage.__dict__.get("_trajectory_index")
-        if entry is None:
-            entry = storage.__dict__["_trajectory_index"] = cls(storage)
+        if entry is None:  # one entry, and lock, where two threads make one
+            entry = storage.__dict__.setdefault("_trajectory_index", cls(storage))
         return entry
 
     def _reset(self, storage) -> None:
@@ -231,7 +230,7 @@ class StorageTrajectoryIndex:
         # key -> (weak reference, version, memory) of each column read
         self._columns = {}
         self._readers = {}  # key -> what its rows are read from (_reader)
-        self._written = []  # the cursor of each write since
+        self._written, self._kept = [], 0  # the cursor of each write since, its indices
         self._stale = self._writing = False
         self._indexes = {}  # BoundarySignal -> (TrajectoryIndex, the columns' device)
         # id key -> keys of the rows where the ids and the done flags end differently
@@ -259,6 +258,7 @@ class StorageTrajectoryIndex:
             or storage._mutation_revision != self._revision + 1
             or versions != tuple(v for _, v, _ in self._columns.values())
             or len(self._written) >= _MAX_WRITES
+            or isinstance(cursor, tuple)  # an index along several dims
         ):
             self._stale = True  # a change it did not record came first
             return
@@ -269,9 +269,13 @@ class StorageTrajectoryIndex:
         }
         if isinstance(cursor, torch.Tensor):
             cursor = cursor.detach().clone()  # read at the next query: no wait here
+            self._kept += cursor.numel()
         elif isinstance(cursor, (list, np.ndarray)):
             cursor = cursor.copy()
+            self._kept += np.size(cursor)
         self._written.append(cursor)
+        if 4 * self._kept > storage.max_size:  # past a quarter, queries rebuild anyway
+            self._stale, self._written = True, []
 
     def index(self, storage, signal: BoundarySignal, may_read_end_flags=False):
         """The index of ``signal``, brought to the storage, and its columns' device.
@@ -393,7 +397,7 @@ class StorageTrajectoryIndex:
 
     def _written_runs(self, state) -> list | None:
         """The runs of rows written (or made valid) since, None to rebuild instead."""
-        written, self._written = self._written, []
+        written, self._written, self._kept = self._written, [], 0
         previous, self._state = self._state, state
         if state[:2] != previous[:2] or state[2] < previous[2]:
             return None

@@ -12,8 +12,12 @@ the next sample ``O(k)`` reads, not a read of the whole storage.
 from __future__ import annotations
 
 import argparse
+import collections
 import copy
+import itertools
 import pickle
+import threading
+import time
 
 import pytest
 import torch
@@ -25,6 +29,10 @@ from torchrl.data.replay_buffers.samplers import (
     SliceSampler,
     SliceSamplerWithoutReplacement,
 )
+from torchrl_fixes.fixes.slice_boundary_index.storage_index import (
+    StorageTrajectoryIndex,
+)
+from torchrl_fixes.fixes.slice_boundary_index.trajectory_index import TrajectoryIndex
 
 # short batches are what strict_length=False and sampling without replacement give
 pytestmark = pytest.mark.filterwarnings(
@@ -54,6 +62,25 @@ _STOCK = {
     SliceSampler: _StockSliceSampler,
     SliceSamplerWithoutReplacement: _StockSliceSamplerWithoutReplacement,
 }
+
+
+class _OwnSlicesSampler(SliceSampler):
+    """Samples with main's code, which reads the index through ``_get_stop_and_length``."""
+
+    def _sample_slices(self, *args, **kwargs):
+        return super()._sample_slices(*args, **kwargs)
+
+
+def _alternating(start, rows):
+    """``rows`` steps from ``start``: one episode, or as many one-step episodes, in turn
+    (written over a full storage, they add or remove many trajectories at once)."""
+    one_episode = (start // rows) % 2
+    step = torch.arange(start, start + rows)
+    done = torch.ones(rows, 1, dtype=torch.bool)
+    if one_episode:
+        done[:-1] = False
+    episode = torch.full_like(step, start) if one_episode else step
+    return TensorDict({"obs": step, "episode": episode, DONE: done}, [rows])
 
 
 def _stream(steps, lanes=None, seed=0):
@@ -303,6 +330,82 @@ class TestSliceSamplerIndex:
                 torch.manual_seed(seed)
                 samples.append(sampler.sample(storage, 32))
             _assert_equal(*samples)
+
+    @pytest.mark.parametrize(
+        "sampler_cls",
+        [SliceSampler, SliceSamplerWithoutReplacement, _OwnSlicesSampler],
+        ids=["SliceSampler", "SliceSamplerWithoutReplacement", "_get_stop_and_length"],
+    )
+    def test_two_buffers_in_two_threads(self, sampler_cls, monkeypatch, seconds=1.0):
+        """Two buffers over one storage: one thread samples the first while another
+        writes and samples the second, whose catch-ups rewrite the index. No draw
+        raises, and none reads the index as changed since its query: each read of the
+        sampling thread yields first, to let the other thread run mid-draw."""
+        sampling, changes = threading.local(), collections.Counter()
+
+        def counted(change):
+            def count(index, *args):
+                changes[id(index)] += 1
+                return change(index, *args)
+
+            return count
+
+        def recorded(read):
+            def record(index, *args):
+                if getattr(sampling, "seen", None) is not None:
+                    time.sleep(0.0005)
+                    sampling.seen.add((id(index), changes[id(index)]))
+                return read(index, *args)
+
+            return record
+
+        def query(entry, *args, stock_query=StorageTrajectoryIndex.index):
+            found = stock_query(entry, *args)
+            if getattr(sampling, "seen", None) is not None:
+                sampling.seen.add((id(found[0]), changes[id(found[0])]))
+            return found
+
+        reads = ("count", "select", "boundaries")
+        for name in ("assign", "update", *reads):
+            method = getattr(TrajectoryIndex, name)
+            wrap = recorded if name in reads else counted
+            monkeypatch.setattr(TrajectoryIndex, name, wrap(method))
+        monkeypatch.setattr(StorageTrajectoryIndex, "index", query)
+        storage = LazyTensorStorage(400)
+        kwargs = {"slice_len": 4, "traj_key": "episode", "strict_length": False}
+        rb, other = (
+            ReplayBuffer(storage=storage, sampler=sampler_cls(**kwargs), batch_size=32)
+            for _ in range(2)
+        )
+        other.extend(_alternating(0, 400))
+        errors, draws, stop = [], [], time.monotonic() + seconds
+
+        def sample():
+            while time.monotonic() < stop:
+                sampling.seen = set()
+                try:
+                    rb.sample()
+                except Exception as err:  # noqa: B902
+                    errors.append(err)
+                draws.append(len(sampling.seen) > 1)
+
+        def write_and_sample():
+            for start in itertools.count(400, 50):
+                if time.monotonic() > stop:
+                    return
+                try:
+                    other.extend(_alternating(start, 50))
+                    other.sample()
+                except Exception as err:  # noqa: B902
+                    errors.append(err)
+
+        threads = [threading.Thread(target=f) for f in (sample, write_and_sample)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert [repr(err) for err in errors] == []
+        assert len(draws) > 20 and sum(draws) == 0, f"{sum(draws)} of {len(draws)} torn"
 
     @pytest.mark.parametrize("copier", ["deepcopy", "pickle"])
     def test_copied_buffer(self, copier):

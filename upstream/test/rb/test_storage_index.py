@@ -170,6 +170,23 @@ class TestStorageTrajectoryIndex:
         with pytest.raises(Unsupported, match="inference mode"):
             _indexed(storage, _SIGNALS["done"])
 
+    def test_writes_between_two_queries_keep_a_quarter_of_the_rows_at_most(self):
+        """What the index keeps of the writes since its last query stays within a
+        quarter of the storage's rows, whatever the writes: past that, the next
+        query rebuilds."""
+        rb = ReplayBuffer(storage=LazyTensorStorage(1_000))
+        rb.extend(_rows(0, 1_000))
+        entry = StorageTrajectoryIndex.of(rb.storage)
+        _indexed(rb.storage, _SIGNALS["done"])
+        for start in range(1_000, 41_000, 1_000):
+            rb.extend(_rows(start, 1_000))
+            kept = sum(cursor.numel() for cursor in entry._written)
+            assert 4 * kept <= 1_000, f"{kept} indices kept"
+        expected = _recovered_from_storage(rb.storage, _SIGNALS["done"])
+        _assert_same_boundaries(
+            _indexed(rb.storage, _SIGNALS["done"]).boundaries(), expected
+        )
+
     @pytest.mark.parametrize("copier", ["deepcopy", "pickle"])
     def test_copies_leave_the_index_behind(self, copier):
         """The index is its storage's own: a copy has none, the source keeps its own."""

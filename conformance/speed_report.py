@@ -8,7 +8,7 @@ within one benchmark and carries their medians as ``stock_median_s`` and
 (``seed_table``, ``online sample-after-write``, ...), the trajectory ``key``
 (``episode``, ``done``, ``unnamed``), the transitions ``stored``, the buffer
 ``capacity``, the ``episode_len`` and the ``torchrl`` (and ``torch``) version. A
-benchmark may also time floors in the same rounds, what the operation cannot beat:
+benchmark may also time floors in the same rounds, the references it is compared with:
 ``floor_median_s``, a RandomSampler sample of the same batch, and
 ``gather_floor_median_s``, the gather of the sample's own rows (``storage[index]``
 with an index the patched sampler drew, so that patched / gather floor is what the

@@ -52,7 +52,7 @@ def time_in_turn(
         rounds: how many rounds are counted.
         setup: what to run, untimed, before each ``timed(variant)``.
         warmup_rounds: how many rounds run first, not counted.
-        floors: name -> what the operation cannot beat (e.g. ``"floor"``: a
+        floors: name -> a reference the operation is compared with (e.g. ``"floor"``: a
             RandomSampler sample of the same batch), a :class:`Floor` or a callable.
             Each takes its turn in each round, after stock, in the rotation
             described above (patched, then the floors in the order given, at

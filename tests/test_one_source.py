@@ -12,6 +12,9 @@
   suite and without ``devtools/``; no module of ``devtools/`` imports a test module.
 - The documents: the README stays short, and every relative link of it and of
   ``docs/`` resolves.
+- The README's figures: each stock and patched time it quotes, its results table, its
+  progress example and its count of benchmarks are those of the committed run
+  (``results/benchmark.md``) and of the main job's collection.
 """
 from __future__ import annotations
 
@@ -33,7 +36,7 @@ README = (ROOT / "README.md").read_text()
 FIXES_DOC = (ROOT / "docs" / "fixes.md").read_text()
 BENCHMARKS_DOC = (ROOT / "docs" / "benchmarks.md").read_text()
 # What a newcomer reads first, in characters.
-README_LIMIT = 15_000
+README_LIMIT = 12_000
 
 
 def test_docs_status_output_quotes_the_declared_fallbacks():
@@ -204,3 +207,62 @@ def _anchors(markdown: str) -> set[str]:
             title = LINK_TEXT.sub(r"\1", line.lstrip("#").strip()).lower()
             anchors.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
     return anchors
+
+
+def _committed_rows() -> dict[str, list[str]]:
+    """The committed run's table: scenario -> its cells (stock, patched, speed-up, floors)."""
+    table = (ROOT / "results" / "benchmark.md").read_text()
+    rows = [line.strip("| ").split(" | ") for line in table.splitlines() if line.startswith("| ")]
+    return {row[0]: row[1:] for row in rows[2:]}
+
+
+# a time as the tables format it (conformance.speed_report.format_seconds)
+TIME = r"\d[\d.]* (?:s|ms|µs|ns)"
+
+
+def test_the_readme_quotes_the_committed_run():
+    """Every "A stock, B with the fixes" / "A against B" pair of times, and every row of the
+    results table, is a (stock, patched) pair of one committed row; a ratio to the floor
+    "at NM stored" is one of that size's."""
+    committed = _committed_rows()
+    flat = " ".join(README.split())
+    pairs = re.findall(rf"({TIME}) (?:stock, |against )({TIME})", flat)
+    assert len(pairs) >= 4, pairs
+    measured = {(cells[0], cells[1]) for cells in committed.values()}
+    for pair in pairs:
+        assert pair in measured, pair
+    table = README[README.index("| scenario | stock | patched | speed-up |") :].split("\n\n")[0]
+    rows = [line.strip("| ").split(" | ") for line in table.splitlines()[2:]]
+    assert len(rows) >= 10
+    for scenario, *cells in rows:
+        assert cells == committed[scenario][:3], scenario
+    for ratio, stored in re.findall(r"(\d+\.\d+x) at (\d+M) stored", flat):
+        assert any(
+            f" {stored}/" in scenario and cells[4] == ratio
+            for scenario, cells in committed.items()
+        ), (ratio, stored)
+
+
+def test_the_readme_progress_example_is_the_main_jobs():
+    """``[i/n] scenario: ...`` is the i-th of the n benchmarks ``nox -s benchmark``
+    collects, with the committed run's figures, and n is the count the README gives."""
+    from devtools.speed_comparison import SPEED_FILES
+
+    found = re.search(
+        rf"`\[(\d+)/(\d+)\] (seed_table (\w+) (\S+)/(\S+)): stock ({TIME}), "
+        rf"patched ({TIME}), (\d+\.\d+x)`",
+        " ".join(README.split()),
+    )
+    assert found, "no progress example in the README"
+    position, total, scenario, key, stored, capacity, stock, patched, ratio = found.groups()
+    collected = subprocess.run(
+        [sys.executable, "-m", "pytest", *(f"conformance/{name}" for name in SPEED_FILES),
+         "-m", "speed", "--slice-scale=report", "-p", "no:cacheprovider", "--collect-only", "-q"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    ).stdout
+    items = [line for line in collected.splitlines() if "::" in line]
+    assert int(total) == len(items)
+    assert f"it ran {total} benchmarks" in " ".join(README.split())
+    expected = f"::test_seed_table_sample[{key}-{stored}-{capacity}]"
+    assert items[int(position) - 1].endswith(expected), items[int(position) - 1]
+    assert [stock, patched, ratio] == _committed_rows()[scenario][:3]

@@ -49,35 +49,28 @@ from torchrl.data import LazyTensorStorage, SliceSampler, TensorDictReplayBuffer
 import torchrl_fixes
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
         epilog="example: python examples/online_loop.py --stored 5000000 --key done",
     )
-    parser.add_argument("--stored", type=positive_int, default=200_000,
+    parser.add_argument("--stored", type=int, default=200_000,
                         help="rows stored before the loop (default: %(default)s)")
-    parser.add_argument("--iterations", type=positive_int, default=10,
+    parser.add_argument("--iterations", type=int, default=10,
                         help="extend + sample steps timed (default: %(default)s)")
-    parser.add_argument("--write", type=positive_int, default=1000,
+    parser.add_argument("--write", type=int, default=1000,
                         help="rows written at each step (default: %(default)s)")
-    parser.add_argument("--batch-size", type=positive_int, default=2048,
+    parser.add_argument("--batch-size", type=int, default=2048,
                         help="rows per sample, a multiple of --slice-len (default: %(default)s)")
-    parser.add_argument("--slice-len", type=positive_int, default=64,
+    parser.add_argument("--slice-len", type=int, default=64,
                         help="rows per slice; episodes last 1 to 8 slices (default: %(default)s)")
     parser.add_argument("--key", choices=["episode", "done"], default="episode",
                         help="what marks the trajectories: SliceSampler(traj_key='episode') "
                              "or SliceSampler(end_key=('next', 'done')) (default: %(default)s)")
     args = parser.parse_args(argv)
+    for name in ("stored", "iterations", "write", "batch_size", "slice_len"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
     if args.batch_size % args.slice_len:
         parser.error(f"--batch-size {args.batch_size} is not a multiple of --slice-len {args.slice_len}")
     if args.stored < args.slice_len:

@@ -22,6 +22,7 @@ def runs(spawn_python, finish_process):
         ),
         "batch not whole slices": spawn_python(SCRIPT, "--batch-size", "100"),
         "not a number": spawn_python(SCRIPT, "--stored", "lots"),
+        "not positive": spawn_python(SCRIPT, "--iterations", "0"),
     }
     return {case: finish_process(process) for case, process in started.items()}
 
@@ -60,7 +61,8 @@ def test_fixed_samples_equal_stock(runs):
     "case, message",
     [
         ("batch not whole slices", "--batch-size 100 is not a multiple of --slice-len 64"),
-        ("not a number", "argument --stored: expected a positive integer, got 'lots'"),
+        ("not a number", "argument --stored: invalid int value: 'lots'"),
+        ("not positive", "--iterations must be a positive integer, got 0"),
     ],
 )
 def test_bad_input_is_one_line_usage_error(runs, case, message):

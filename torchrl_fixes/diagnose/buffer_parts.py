@@ -126,12 +126,17 @@ def _fix_state(name: str, obj: Any, noun: str = "object") -> FixVerdict | None:
     return None
 
 
+def _slice_fix_state(name: str, sampler) -> FixVerdict | None:
+    """:func:`_fix_state` of a fix that serves slice samplers alone: not relevant to others."""
+    if not isinstance(sampler, SliceSampler):
+        return FixVerdict(NOT_RELEVANT, f"{type(sampler).__name__} is not a slice sampler")
+    return _fix_state(name, sampler, "sampler")
+
+
 def _slice_index_verdict(parts: _Parts) -> FixVerdict:
     """slice_boundary_index: the storage's trajectory index, or stock boundary recovery and why."""
     sampler = parts.sampler
-    if not isinstance(sampler, SliceSampler):
-        return FixVerdict(NOT_RELEVANT, f"{type(sampler).__name__} is not a slice sampler")
-    stock = _fix_state("slice_boundary_index", sampler, "sampler")
+    stock = _slice_fix_state("slice_boundary_index", sampler)
     if stock is not None:
         return stock
     reason = fallback_reason(sampler, parts.storage)
@@ -146,9 +151,7 @@ def _slice_index_verdict(parts: _Parts) -> FixVerdict:
 def _single_gather_verdict(parts: _Parts) -> FixVerdict:
     """single_gather: the slice sampler reads a few entries of the sampled rows, or the full rows and why."""
     sampler = parts.sampler
-    if not isinstance(sampler, SliceSampler):
-        return FixVerdict(NOT_RELEVANT, f"{type(sampler).__name__} is not a slice sampler: it reads no rows")
-    stock = _fix_state("single_gather", sampler, "sampler")
+    stock = _slice_fix_state("single_gather", sampler)
     if stock is not None:
         return stock
     # the fix edits the method that builds the info: 0.14 on, _finalize_index; before, _get_index

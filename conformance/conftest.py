@@ -44,22 +44,6 @@ def activation_unchanged():
     assert after == before, "the test changed which fixes are applied"
 
 
-def _extension_import_error(sampler_error: BaseException) -> str:
-    """Why the segment trees are missing, in one line.
-
-    TorchRL's own message points at a log line ("See warning above.") that a test
-    run does not show, so the import error itself is given instead.
-    """
-    try:
-        from torchrl._torchrl import SumSegmentTreeFp32  # noqa: F401
-    except ImportError as err:
-        text = (str(err).splitlines() or [""])[0]
-        # "/path/to/_torchrl.so: undefined symbol: ..." -> "undefined symbol: ..."
-        text = text.split(".so: ", 1)[-1]
-        return f"importing torchrl._torchrl raises ImportError: {text[:120]}"
-    return str(sampler_error).replace("See warning above.", "").strip()
-
-
 @pytest.fixture(scope="session")
 def torchrl_extension():
     """Skips the test where TorchRL's C++ extension (segment trees) does not load.
@@ -69,15 +53,7 @@ def torchrl_extension():
     With ``TORCHRL_FIXES_REQUIRE_EXTENSION=1`` (the environment meant to cover the
     prioritized buffers) the test fails instead.
     """
-    err = reference.extension_load_error()
-    if err is None:
-        return
-    if reference.extension_required():
-        pytest.fail(
-            f"TorchRL's C++ extension does not load beside torch {torch.__version__}, "
-            f"so a stock PrioritizedSampler fails too: {_extension_import_error(err)}"
-        )
-    pytest.skip(reference.EXTENSION_SKIP_REASON)
+    reference.skip_without_extension()
 
 
 @pytest.fixture

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 import torchrl_fixes
 from torchrl_fixes._core import patching
@@ -221,3 +222,33 @@ def extension_load_error() -> BaseException | None:
 def extension_required() -> bool:
     """Whether a test needing the extension fails, rather than skips, where it does not load."""
     return os.environ.get(REQUIRE_EXTENSION_ENV) == "1"
+
+
+def _extension_import_error(sampler_error: BaseException) -> str:
+    """Why the segment trees are missing, in one line.
+
+    TorchRL's own message points at a log line ("See warning above.") that a test
+    run does not show, so the import error itself is given instead.
+    """
+    try:
+        from torchrl._torchrl import SumSegmentTreeFp32  # noqa: F401
+    except ImportError as err:
+        text = (str(err).splitlines() or [""])[0]
+        # "/path/to/_torchrl.so: undefined symbol: ..." -> "undefined symbol: ..."
+        text = text.split(".so: ", 1)[-1]
+        return f"importing torchrl._torchrl raises ImportError: {text[:120]}"
+    return str(sampler_error).replace("See warning above.", "").strip()
+
+
+def skip_without_extension() -> None:
+    """Skips the calling test where TorchRL's C++ extension does not load, or fails it where
+    :func:`extension_required`."""
+    err = extension_load_error()
+    if err is None:
+        return
+    if extension_required():
+        pytest.fail(
+            f"TorchRL's C++ extension does not load beside torch {torch.__version__}, "
+            f"so a stock PrioritizedSampler fails too: {_extension_import_error(err)}"
+        )
+    pytest.skip(EXTENSION_SKIP_REASON)

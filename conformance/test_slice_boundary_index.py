@@ -1214,11 +1214,15 @@ def draws_of_two_buffers(sampler, seconds: float, monkeypatch) -> tuple:
                 errors.append(err)
             start += 50
 
-    threads = [threading.Thread(target=body) for body in (sample_first, write_and_sample_second)]
+    threads = [
+        threading.Thread(target=body, daemon=True)
+        for body in (sample_first, write_and_sample_second)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join()
+        thread.join(timeout=seconds + 60)  # a deadlock fails the test, not the run
+    assert not any(thread.is_alive() for thread in threads), "a thread never finished"
     return errors, torn[0], draws[0]
 
 

@@ -18,8 +18,8 @@ def test_bad_sizes_are_a_usage_error(argv, capsys):
 
 @pytest.mark.parametrize("sampler", family_floor.SAMPLERS)
 def test_a_small_run_prints_both_medians_and_their_ratio(sampler, capsys, torch_threads_restored):
-    if sampler == "prioritized" and reference.extension_load_error() is not None:
-        pytest.skip("PrioritizedSliceSampler needs TorchRL's C++ extension, which does not load here")
+    if sampler == "prioritized":
+        reference.skip_without_extension()
     argv = ["--sampler", sampler, "--stored", "20000", "--rounds", "2", "--fixes"]
     assert family_floor.main(argv) == 0
     out = capsys.readouterr().out

@@ -36,7 +36,7 @@ from torchrl.data import (
 
 import torchrl_fixes
 from conformance.fake_pinning import forget_pin_memory_answer, install_fake_pinning
-from conformance.reference import EXTENSION_SKIP_REASON
+from conformance.reference import skip_without_extension
 from torchrl_fixes import diagnose as diagnose_function
 from torchrl_fixes.diagnose import (
     SAMPLE_STAGES,
@@ -83,7 +83,8 @@ def _prioritized(**slices):
             return PrioritizedSliceSampler(CAPACITY, alpha=0.7, beta=0.5, **slices)
         return PrioritizedSampler(CAPACITY, alpha=0.7, beta=0.5)
     except (RuntimeError, ImportError):
-        pytest.skip(EXTENSION_SKIP_REASON)
+        skip_without_extension()
+        raise
 
 
 def _stock_cached():
@@ -499,10 +500,13 @@ def test_storages_another_process_may_write_are_not_written(tmp_path):
     shared.storage._storage.share_memory_()
     listed = ReplayBuffer(storage=ListStorage(CAPACITY), batch_size=BATCH)
     listed.extend(torch.arange(ROWS))
+    held = ReplayBuffer(storage=LazyTensorStorage(CAPACITY), batch_size=BATCH)
+    held.extend({"a": torch.arange(ROWS), "b": torch.ones(ROWS)})
     for rb, why in (
         (memmap, "the storage is memory-mapped: another process may write its rows"),
         (shared, "the storage is in shared memory: another process may write its rows"),
         (listed, "ListStorage is not a TensorStorage: its rows are not written again"),
+        (held, "the storage holds a dict, not a tensor or a TensorDict: its rows are not written"),
     ):
         report = diagnose_function(rb, samples=1)
         assert "after_write" not in report.stages
@@ -664,6 +668,26 @@ def test_png(tmp_path):
     path = report.save_png(tmp_path / "stages.png")
     with open(path, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_rows_another_writer_wrote_are_not_written_back():
+    """A write by another buffer over the storage while diagnose runs: the write backs stop there."""
+    rb = _buffer("slice")
+    other = TensorDictReplayBuffer(storage=rb.storage, batch_size=BATCH)
+    extend = rb.sampler.extend
+
+    def extend_and_another_write(index):
+        extend(index)
+        row = torch.tensor([0])
+        other.storage.set(row, other.storage[row], set_cursor=False)  # the revision moves
+
+    rb.sampler.extend = extend_and_another_write
+    report = diagnose_function(rb, samples=3)
+    assert report.not_measured["after_write"] == (
+        "writing the rows again failed: another writer wrote the storage while diagnose ran, "
+        "so its rows are not written back over that write"
+    )
+    assert "after_write" not in report.stages
 
 
 def test_rows_that_cannot_be_written_again():

@@ -19,7 +19,9 @@ again at the next sample); the sampler's state is put back with the rest
 (:func:`~torchrl_fixes.diagnose.snapshot._untouched`). Storages that another
 process may write (memory-mapped, or in shared memory) are not written: that
 process could write a row between the read and the write back, which would then
-undo its write. Nor are the priorities of a prioritized sampler set, as a real
+undo its write; for the same reason, where the storage's mutation revision moved
+since the last write back (another buffer or thread wrote it), the rows are not
+written again and the stage stops. Nor are the priorities of a prioritized sampler set, as a real
 write would set them: its sum trees are not put back afterwards.
 """
 from __future__ import annotations
@@ -27,7 +29,7 @@ from __future__ import annotations
 import inspect
 
 import torch
-from tensordict import MemoryMappedTensor
+from tensordict import MemoryMappedTensor, TensorDictBase
 from torchrl.data import PrioritizedSampler
 from torchrl.data.replay_buffers import storages
 
@@ -54,10 +56,21 @@ class _SameValuesWrite:
         self.sampler = parts.sampler if _sampler_extend_is_put_back(parts.sampler) else None
         replicate = getattr(parts.writer, "_replicate_index", None)
         self.sampler_index = replicate(rows) if replicate is not None else rows
+        self.revision = getattr(parts.storage, "_mutation_revision", None)
 
     def write(self) -> None:
-        """Writes the rows again, as ``ReplayBuffer.extend`` writes: the storage, then the sampler."""
+        """Writes the rows again, as ``ReplayBuffer.extend`` writes: the storage, then the sampler.
+
+        Raises:
+            RuntimeError: another writer wrote the storage since the values were read.
+        """
+        if getattr(self.storage, "_mutation_revision", None) != self.revision:
+            raise RuntimeError(
+                "another writer wrote the storage while diagnose ran, so its rows are not "
+                "written back over that write"
+            )
         self.storage.set(self.rows, self.values, set_cursor=False)
+        self.revision = getattr(self.storage, "_mutation_revision", None)
         if self.sampler is not None:
             self.sampler.extend(self.sampler_index)
 
@@ -86,6 +99,11 @@ def _same_values_write(parts: _Parts, write_rows: int) -> tuple[_SameValuesWrite
     tensor_storage = getattr(storages, "TensorStorage", None)
     if tensor_storage is None or not isinstance(storage, tensor_storage):
         return None, f"{type(storage).__name__} is not a TensorStorage: its rows are not written again", []
+    if not isinstance(storage._storage, (torch.Tensor, TensorDictBase)):
+        return None, (
+            f"the storage holds a {type(storage._storage).__name__}, not a tensor or a TensorDict: "
+            "its rows are not written again"
+        ), []
     others = _written_by_other_processes(storage)
     if others is not None:
         return None, (

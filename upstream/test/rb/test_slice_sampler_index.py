@@ -399,11 +399,16 @@ class TestSliceSamplerIndex:
                 except Exception as err:  # noqa: B902
                     errors.append(err)
 
-        threads = [threading.Thread(target=f) for f in (sample, write_and_sample)]
+        threads = [
+            threading.Thread(target=f, daemon=True) for f in (sample, write_and_sample)
+        ]
         for thread in threads:
             thread.start()
         for thread in threads:
-            thread.join()
+            thread.join(timeout=seconds + 60)
+        assert not any(
+            thread.is_alive() for thread in threads
+        ), "a thread never finished"
         assert [repr(err) for err in errors] == []
         assert len(draws) > 20 and sum(draws) == 0, f"{sum(draws)} of {len(draws)} torn"
 

@@ -64,6 +64,7 @@ class _Timed:
     observed: _Observed
     trajectories: int | None
     verdicts: dict[str, FixVerdict]
+    pinning_fixed: tuple[bool, bool]  # _pinning_fixed's, as the stages were timed with it
     write_rows: int  # the rows of the write the after_write stage follows (0: none)
 
 
@@ -158,8 +159,9 @@ def _time_stages(parts: _Parts, plan: _Plan, settle_seconds: float) -> _Timed:
                 plan.not_measured["after_write"] = why
             parts.notes.extend(notes)
             index_serves = verdicts["slice_boundary_index"].state == SERVES
+            pinning_fixed = _pinning_fixed(parts, verdicts)
             _measure(parts, plan.batch_size, plan.samples, plan.copy_device, clock, observed,
-                     _pinning_fixed(parts, verdicts), transform,
+                     pinning_fixed, transform,
                      write_info="info" not in plan.not_measured, index_serves=index_serves, rewrite=rewrite)
             trajectories = _trajectory_count(parts)
     stages = clock.medians()
@@ -174,7 +176,7 @@ def _time_stages(parts: _Parts, plan: _Plan, settle_seconds: float) -> _Timed:
         )
     verdicts["slice_boundary_index"] = _ids_read_for_flags(parts, verdicts["slice_boundary_index"], observed)
     return _Timed(stages=stages, observed=observed, trajectories=trajectories, verdicts=verdicts,
-                  write_rows=len(rewrite.rows) if rewrite is not None else 0)
+                  pinning_fixed=pinning_fixed, write_rows=len(rewrite.rows) if rewrite is not None else 0)
 
 
 def _pinning_fixed(parts: _Parts, verdicts: dict[str, FixVerdict]) -> tuple[bool, bool]:
@@ -217,9 +219,8 @@ def _ids_read_for_flags(parts: _Parts, verdict: FixVerdict, observed: _Observed)
 def _facts(parts: _Parts, plan: _Plan, timed: _Timed) -> dict[str, Any]:
     """What :func:`findings_from` reads besides the stages (its docstring lists them)."""
     buffer, storage, observed = parts.buffer, parts.storage, timed.observed
-    pinning_fixed = _pinning_fixed(parts, timed.verdicts)
     unpinned, tensors, measured = (
-        _unpinned_leaves(parts, observed.first_data, pinning_fixed, observed)
+        _unpinned_leaves(parts, observed.first_data, timed.pinning_fixed, observed)
         if buffer._pin_memory
         else ([], 0, False)
     )
@@ -235,7 +236,7 @@ def _facts(parts: _Parts, plan: _Plan, timed: _Timed) -> dict[str, Any]:
         "unpinned_source": plan.copy_device is not None and observed.first_data is not None
         and not all(t.is_pinned() for _, t in _leaves(observed.first_data)),
         "transformed_device_none": observed.transformed_device_none,
-        "patched_pin": pinning_fixed[0],
+        "patched_pin": timed.pinning_fixed[0],
         "pinning": timed.verdicts["pinned_sample_output"].to_dict(),
         "slice_index": timed.verdicts["slice_boundary_index"].to_dict(),
         "cache_values": bool(getattr(parts.sampler, "cache_values", False)),

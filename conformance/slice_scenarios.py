@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -496,3 +497,18 @@ def extend_in_child(buffers, batches, apply_fixes: bool) -> None:
 
     for rb, data in zip(buffers, batches):
         rb.extend(data)
+
+
+def write_on_request(rb, batches, requests, written) -> None:
+    """Runs in a child process: extends the shared buffer with a batch at each request.
+
+    It first reports whether the slice index fix is applied here, where nothing but
+    unpickling the buffer may have imported ``torchrl_fixes``; then the buffer's
+    length after each write.
+    """
+    fixes = sys.modules.get("torchrl_fixes")
+    written.put(fixes is not None and any(row.applied for row in fixes.status() if row.name == "slice_boundary_index"))
+    for data in batches:
+        requests.get()
+        rb.extend(data)
+        written.put(len(rb))

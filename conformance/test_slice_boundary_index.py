@@ -42,9 +42,11 @@ from conformance.slice_scenarios import (
     SliceSetup,
     extend_in_child,
     new_scratch_dir,
+    record_sample,
     record_write,
     safe_build,
     sample_step,
+    write_on_request,
     write_rows,
 )
 from torchrl_fixes._core.patching import derive_from_source
@@ -1259,15 +1261,11 @@ def test_two_buffers_on_one_storage_draw_from_one_state_of_the_index(sampler, mo
     assert torn == 0, f"{torn} of {draws} draws read more than one state of the index"
 
 
-def _indices(cursor) -> int:
-    """How many indices a recorded write cursor holds."""
-    return cursor.numel() if isinstance(cursor, torch.Tensor) else np.size(cursor)
-
-
-def test_writes_between_two_samples_keep_at_most_a_quarter_of_the_rows():
-    """What an index keeps of the writes since the last query is bounded by the
-    storage's rows, not by the writes: 40 writes of the whole storage keep at most a
-    quarter of its rows' indices, and the next sample is stock's."""
+def test_writes_between_two_samples_keep_no_more_than_the_journal():
+    """What is kept of the writes between two queries is the storage's journal, whose
+    size does not depend on the writes: after 40 writes of the whole storage it is the
+    same tensor of the same size, the index kept nothing of them, and the next sample
+    is stock's."""
     from torchrl.data import LazyTensorStorage, ReplayBuffer
 
     def scenario():
@@ -1282,20 +1280,24 @@ def test_writes_between_two_samples_keep_at_most_a_quarter_of_the_rows():
             [41_000],
         )
         rb.extend(rows[:1_000])
-        samples, kept = [rb.sample(return_info=True)], []
+        samples = [rb.sample(return_info=True)]
+        journal = vars(rb.storage).get("_write_journal")
+        kept = [None if journal is None else (journal._table.data_ptr(), journal._table.nbytes)]
         for start in range(1_000, 41_000, 1_000):
             rb.extend(rows[start : start + 1_000])
-            entry = vars(rb.storage).get("_trajectory_index")
-            if entry is not None:
-                kept.append(sum(_indices(cursor) for cursor in entry._written))
+            journal = vars(rb.storage).get("_write_journal")
+            kept.append(None if journal is None else (journal._table.data_ptr(), journal._table.nbytes))
+        index = vars(rb.storage).get("_trajectory_index")
+        index_state = sorted(vars(index)) if index is not None else []
         samples.append(rb.sample(return_info=True))
-        return samples, kept
+        return samples, (kept, index_state)
 
     stock, _ = run_stock(scenario)
-    patched, kept = run_patched(scenario)
+    patched, (kept, index_state) = run_patched(scenario)
     assert_identical(stock, patched)
     if reference.in_effect(FIX):
-        assert len(kept) == 40 and max(kept) <= 250, kept
+        assert len(kept) == 41 and len(set(kept)) == 1 and kept[0][1] < 32 * 1024, kept
+        assert not {"_written", "_kept"} & set(index_state), index_state
 
 
 def _lazily_stacked_samples():
@@ -1683,3 +1685,184 @@ def test_multiprocess_writer_matches_stock(tmp_path):
     _, before, after = stock[1]
     assert [b + ROWS_FROM_THE_CHILD for b in before] == after, "the parent did not see the child's rows"
     assert_identical(stock, patched)
+
+
+def foreign_writes_scenario(ndim: int):
+    """A spawned child extends a shared buffer at each request; the parent samples after each write.
+
+    The child is handed the buffer and imports nothing itself. The buffer holds episodes
+    of 50 steps (written as ``[4 envs, time]`` batches for ``ndim=2``, as a collector
+    writes them) and wraps around during the writes. The scenario returns the records, and beside them
+    whether the fix was applied in the child and each trajectory index the parent read.
+    """
+
+    def scenario():
+        from torchrl.data import LazyTensorStorage, ReplayBuffer
+
+        steps = 1_000 if ndim == 1 else 250  # the time steps the storage holds
+        step = torch.arange(2 * steps)
+        if ndim == 2:
+            step = step.expand(4, -1)
+        lane = torch.zeros_like(step) if ndim == 1 else torch.arange(4)[:, None].expand_as(step)
+        data = TensorDict(
+            {"obs": step * 10 + lane, EPISODE_KEY: step // 50 + 1_000 * lane,
+             ("next", "done"): (step % 50 == 49).unsqueeze(-1)},
+            list(step.shape),
+        )
+        rb = ReplayBuffer(
+            storage=LazyTensorStorage(1_000, ndim=ndim),
+            sampler=SliceSampler(slice_len=8, traj_key=EPISODE_KEY, strict_length=False),
+            batch_size=64,
+        )
+        written, batch = steps * 3 // 4, steps // 10
+        rb.extend(data[..., :written])
+        batches = [data[..., start : start + batch] for start in range(written, 2 * steps, batch)][:10]
+        context = torch.multiprocessing.get_context("spawn")
+        requests, lengths = context.Queue(), context.Queue()
+        child = context.Process(target=write_on_request, args=(rb, batches, requests, lengths))
+        child.start()
+        try:
+            applied = lengths.get(timeout=60)
+            records, indexes = [record_sample(rb)], []
+            for _ in batches:
+                requests.put(True)
+                records.append(("length", lengths.get(timeout=60)))
+                records += [record_sample(rb) for _ in range(4)]
+                index = vars(rb.storage).get("_trajectory_index")
+                indexes.append(None if index is None else [i for i, _ in index._indexes.values()])
+        finally:
+            child.join(timeout=60)
+            if child.is_alive():
+                child.kill()
+        return records, (applied, child.exitcode, indexes)
+
+    return scenario
+
+
+@pytest.mark.parametrize("ndim", [1, 2])
+def test_foreign_writes_are_read_not_rebuilt(ndim):
+    """A process handed a shared buffer writes into it 10 times; the parent samples 4
+    times after each write. Every sample is stock's, the fix is applied in the child
+    though it never imports ``torchrl_fixes`` (unpickling the storage's journal does),
+    and the parent's index reads the child's rows instead of rebuilding: it is the same
+    index after every write."""
+    stock, (applied, exitcode, _) = run_stock(foreign_writes_scenario(ndim))
+    assert (applied, exitcode) == (False, 0)
+    patched, (applied, exitcode, indexes) = run_patched(foreign_writes_scenario(ndim))
+    assert exitcode == 0
+    assert [record[0] for record in patched].count("sample") == 41
+    assert_identical(stock, patched)
+    if reference.in_effect(FIX):
+        assert applied, "the child was handed the buffer but runs stock code"
+        first = indexes[0]
+        assert first and all(
+            len(index) == len(first) and all(a is b for a, b in zip(index, first)) for index in indexes
+        ), "the index was rebuilt after a write of the child"
+
+
+def _collector(make_env, replay_buffer, frames: int):
+    """TorchRL's asynchronous collector of two processes writing into ``replay_buffer``."""
+    collectors = pytest.importorskip("torchrl.collectors")
+    options = {"replay_buffer": replay_buffer, "frames_per_batch": 100, "total_frames": frames}
+    if hasattr(collectors, "Collector") and "num_collectors" in inspect.signature(collectors.Collector).parameters:
+        return collectors.Collector(make_env, policy=None, num_collectors=2, sync=False, **options)
+    if "replay_buffer" not in inspect.signature(collectors.MultiaSyncDataCollector).parameters:
+        pytest.skip("this TorchRL's collectors take no replay buffer")
+    return collectors.MultiaSyncDataCollector([make_env] * 2, policy=None, **options)
+
+
+@pytest.mark.filterwarnings("ignore:A SliceSampler is used with a multi-process collector")
+def test_collector_processes_write_while_the_trainer_samples():
+    """TorchRL's asynchronous collector, two processes, writes into a shared buffer that
+    the main process samples after each batch, from its index and, with the same seed,
+    from a twin sampler on stock's whole-storage recovery (``boundary_index=False``).
+    Where no write came between the two, the samples are equal."""
+    if not reference.in_effect(FIX):
+        pytest.skip("compares the index with stock's recovery: needs the fix")
+    mocking = pytest.importorskip("torchrl.testing.mocking_classes")
+    from torchrl.data import LazyTensorStorage, ReplayBuffer
+
+    options = {"slice_len": 4, "traj_key": ("collector", "traj_ids"), "strict_length": False}
+    rb = ReplayBuffer(
+        storage=LazyTensorStorage(4_000), sampler=SliceSampler(**options), batch_size=32, shared=True
+    )
+    twin = SliceSampler(**options, boundary_index=False)
+    collector = _collector(functools.partial(mocking.CountingEnv, max_steps=20), rb, 6_000)
+    compared = 0
+    try:
+        for step, _ in enumerate(collector):
+            if len(rb) < 64:
+                continue
+            revision = rb.storage._mutation_revision
+            torch.manual_seed(step)
+            drawn = rb.sampler.sample(rb.storage, 32)
+            torch.manual_seed(step)
+            expected = twin.sample(rb.storage, 32)
+            if rb.storage._mutation_revision != revision:
+                continue  # a worker wrote between the two
+            compared += 1
+            assert_identical(expected, drawn, f"sample {step}")
+    finally:
+        collector.shutdown()
+    assert len(rb) == 4_000, "the collector did not fill the buffer"
+    assert compared >= 20, f"only {compared} samples came without a write in between"
+
+
+def _unseen_write_scenario(tell: str | None, sampler_class: str = "SliceSampler", **sampler_kwargs):
+    """Samples, writes episode ids through ``.data`` (no version moves), samples again.
+
+    ``tell="mark_update"`` then calls ``storage.mark_update`` on those rows where the
+    storage has it (with the fix).
+    """
+
+    def scenario():
+        from torchrl.data import LazyTensorStorage, ReplayBuffer
+        from torchrl.data.replay_buffers import samplers
+
+        step = torch.arange(200)
+        make = getattr(samplers, sampler_class)
+        extra = {"max_capacity": 200, "alpha": 0.7, "beta": 0.5} if sampler_class == PRIORITIZED_SAMPLER else {}
+        rb = ReplayBuffer(
+            storage=LazyTensorStorage(200),
+            sampler=make(slice_len=4, traj_key=EPISODE_KEY, **extra, **sampler_kwargs),
+            batch_size=32,
+        )
+        rb.extend(TensorDict({"obs": step, EPISODE_KEY: step // 20}, [200]))
+        records = [record_sample(rb)]
+        rb.storage._storage[EPISODE_KEY].data[100:] = 100 + torch.arange(100) // 7
+        if tell == "mark_update" and hasattr(rb.storage, "mark_update"):
+            rb.storage.mark_update(torch.arange(100, 200))
+        records += [record_sample(rb) for _ in range(3)]
+        return records
+
+    return scenario
+
+
+def test_mark_update_tells_the_index_of_writes_torch_does_not_count():
+    """A write through ``.data`` moves no version counter: stock's recovery sees it, the
+    index does not, until ``storage.mark_update(rows)`` tells it; then every sample is
+    stock's again."""
+    stock = run_stock(_unseen_write_scenario(None))
+    assert_identical(stock, run_patched(_unseen_write_scenario("mark_update")))
+    if reference.in_effect(FIX):
+        with pytest.raises(AssertionError):
+            assert_identical(stock, run_patched(_unseen_write_scenario(None)))
+
+
+@pytest.mark.parametrize("sampler", SAMPLER_CLASSES)
+def test_boundary_index_false_keeps_stock_recovery(sampler, request):
+    """``boundary_index=False`` gives one sampler stock's whole-storage recovery at every
+    sample: it sees the write through ``.data`` with no ``mark_update``, as stock does."""
+    if sampler == PRIORITIZED_SAMPLER:
+        request.getfixturevalue("torchrl_extension")
+    if not reference.in_effect(FIX):
+        pytest.skip("boundary_index is an argument of the fix")
+    stock = run_stock(_unseen_write_scenario(None, sampler))
+    assert_identical(stock, run_patched(_unseen_write_scenario(None, sampler, boundary_index=False)))
+
+
+def test_boundary_index_takes_a_bool():
+    if not reference.in_effect(FIX):
+        pytest.skip("boundary_index is an argument of the fix")
+    with pytest.raises(TypeError, match="boundary_index must be True or False, got 'no'"):
+        SliceSampler(slice_len=4, boundary_index="no")

@@ -469,7 +469,22 @@ def test_the_writes_leave_the_trajectory_index_in_step():
     diagnose_function(rb, samples=4, write_rows=16)
     assert rb.storage.__dict__["_trajectory_index"] is index
     assert rb.storage._mutation_revision == revision + 4  # one write per timed sample
-    assert (index._revision, index._stale, index._written) == (revision + 4, False, [])
+    assert (index._revision, index._stale) == (revision + 4, False)
+
+
+@_needs_fix("slice_boundary_index")
+def test_writes_the_journal_does_not_hold_are_named():
+    """The revision moved with no record (as a writer without the fix moves it): the index
+    rebuilds, and the report names it with the way to avoid it."""
+    rb = _buffer("slice")
+    rb.sample()
+    assert "untold-writes" not in diagnose_function(rb, samples=2).codes
+    rb.storage._bump_mutation_revision()
+    report = diagnose_function(rb, samples=2)
+    assert "untold-writes" in report.codes, str(report)
+    finding = report.findings[report.codes.index("untold-writes")]
+    assert finding.message.startswith("the storage's trajectory index was rebuilt from the whole storage once ")
+    assert "import torchrl_fixes in every process that writes the storage" in finding.remedy
 
 
 def test_stock_boundaries_cached_until_a_write():

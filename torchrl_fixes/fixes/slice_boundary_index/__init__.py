@@ -59,6 +59,10 @@ from torchrl_fixes.fixes.slice_boundary_index.storage_index import (
     storage_state,
     Unsupported,
 )
+from torchrl_fixes.fixes.slice_boundary_index.write_journal import (
+    capacity_of,
+    journal_of,
+)
 
 try:
     from torchrl.data.replay_buffers import storages
@@ -94,16 +98,65 @@ else:
 
 
 def record_write(wrapped, instance, args, kwargs):
-    """``TensorStorage.set``, recording the rows it writes in the storage's index."""
+    """``TensorStorage.set``, recording the rows it writes in the storage's journal."""
     if torch.compiler.is_compiling():
         return wrapped(*args, **kwargs)
     index = instance.__dict__.get("_trajectory_index")
     versions = None if index is None else index.begin_write()
-    result = wrapped(*args, **kwargs)
-    if index is not None:
+    journal = journal_of(instance)
+    with journal.lock:  # the write and its record, as one for every reader
+        result = wrapped(*args, **kwargs)
         cursor = args[0] if args else kwargs["cursor"]
-        index.record_write(instance, cursor, versions)
+        journal.record(instance._mutation_revision, cursor, capacity_of(instance))
+    if index is not None:
+        index.wrote(versions)
     return result
+
+
+def attach_journal(wrapped, instance, args, kwargs):
+    """``TensorStorage.__init__``, giving the storage its write journal before it is shared."""
+    wrapped(*args, **kwargs)
+    journal_of(instance)
+
+
+def mark_update(self, index) -> None:
+    """Tells the storage that the rows at ``index`` changed outside :meth:`set`.
+
+    Writes through ``.data``, a numpy view or another process's raw memory move no
+    version counter and no mutation revision, so no trajectory index sees them. After
+    such a write, this moves the revision and has every slice sampler of the storage,
+    in this process or another it is shared with, read those rows again.
+
+    Args:
+        index (int, slice, sequence, array or tensor): the rows, along the first dim.
+
+    Examples:
+        >>> import torch, torchrl_fixes
+        >>> from tensordict import TensorDict
+        >>> from torchrl.data import LazyTensorStorage, ReplayBuffer, SliceSampler
+        >>> rb = ReplayBuffer(storage=LazyTensorStorage(100), sampler=SliceSampler(
+        ...     num_slices=2, traj_key="episode"), batch_size=8)
+        >>> _ = rb.extend(TensorDict({"episode": torch.arange(20) // 10}, [20]))
+        >>> _ = rb.sample()
+        >>> rb.storage._storage["episode"].data[10:] = 0  # unseen: no version moves
+        >>> rb.storage.mark_update(slice(10, 20))
+        >>> rb.sampler._get_stop_and_length(rb.storage)[1]  # one episode now
+        tensor([[19]])
+    """
+    journal = journal_of(self)
+    with journal.lock:
+        self._bump_mutation_revision()
+        journal.record(self._mutation_revision, index, capacity_of(self))
+
+
+def take_boundary_index(wrapped, instance, args, kwargs):
+    """``__init__`` of the slice samplers, taking ``boundary_index=False``: stock's recovery."""
+    chosen = kwargs.pop("boundary_index", None)
+    if chosen is not None and not isinstance(chosen, bool):
+        raise TypeError(f"boundary_index must be True or False, got {chosen!r}")
+    wrapped(*args, **kwargs)
+    if chosen is not None:
+        instance._boundary_index = chosen
 
 
 def state_without_index(wrapped, instance, args, kwargs):
@@ -193,6 +246,7 @@ def _sees_every_write(storage) -> bool:
 # The configurations whose boundaries the stock code recovers, as
 # slice_boundaries._fallback_reason and the index's own checks decide them.
 FALLBACKS = (
+    "boundary_index=False (chosen)",
     "storages other than a TensorStorage over a TensorDict of one or two batch dims",
     "fewer than two stored rows",
     "fragmented=True",
@@ -304,6 +358,14 @@ class SliceBoundaryIndex(Fix):
     # docs (docs/fixes.md) and the upstream patch's header show this text.
     fallbacks = ", ".join(FALLBACKS)
     release_fallbacks = "before TorchRL 0.14: " + ", ".join(mutation_revision.FALLBACKS)
+    limits = (
+        "a process that writes the storage without the fixes is seen through the storage's "
+        "revision, and the index is rebuilt from the whole storage after each of its writes "
+        "(apply the fixes there: import torchrl_fixes, or start it with torchrl-fixes run); "
+        "writes through .data, numpy or raw shared memory are not seen until "
+        "storage.mark_update(rows) tells the index, and boundary_index=False keeps a "
+        "sampler on stock's recovery from the whole storage at every sample"
+    )
 
     def plan(self) -> list[Replacement]:
         if _IMPORT_ERROR is not None:
@@ -318,8 +380,12 @@ class SliceBoundaryIndex(Fix):
             raise TargetChanged("SliceSampler.__init__ takes no traj_key")
         hooks = [
             (TensorStorage, "set", record_write),
+            (TensorStorage, "__init__", attach_journal),
             (Storage, "__getstate__", state_without_index),
             (SliceSampler, "__init__", note_default_keys),
+            (SliceSampler, "__init__", take_boundary_index),
+            (SliceSamplerWithoutReplacement, "__init__", take_boundary_index),
+            (PrioritizedSliceSampler, "__init__", take_boundary_index),
             (SliceSampler, "_get_stop_and_length", stop_and_length_from_index),
             (SliceSampler, "sample", sample_from_index),
             (
@@ -339,6 +405,8 @@ class SliceBoundaryIndex(Fix):
                 (getattr(storages, owner), name, mutation_revision.bump_after)
                 for owner, name in mutation_revision.BUMPED
             ]
+        if "mark_update" in vars(TensorStorage):
+            raise TargetChanged("TensorStorage.mark_update exists already")
         methods = {}
         for owner, name, hook in hooks:
             method = methods.get((owner, name), vars(owner).get(name))
@@ -346,6 +414,7 @@ class SliceBoundaryIndex(Fix):
                 raise TargetChanged(f"{owner.__name__}.{name} is missing")
             methods[owner, name] = wrap(method, hook)
         replacements = [Replacement(*key, method) for key, method in methods.items()]
+        replacements.append(Replacement(TensorStorage, "mark_update", mark_update))
         slices = derive_from_source(
             stock["SliceSampler._tensor_slices_from_startend"],
             TENSOR_SLICES_EDITS,

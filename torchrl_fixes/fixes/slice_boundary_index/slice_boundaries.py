@@ -40,6 +40,8 @@ def _fallback_reason(sampler, storage) -> str | None:
     """Why the stock code must recover ``sampler``'s boundaries in ``storage``, if it must."""
     if not isinstance(storage, TensorStorage):
         return "storage is not a TensorStorage"
+    if not getattr(sampler, "_boundary_index", True):
+        return "boundary_index=False"
     if getattr(sampler, "fragmented", False):
         return "fragmented=True"
     if (

@@ -3,18 +3,22 @@
 A :class:`~torchrl.data.replay_buffers.TensorStorage` that a slice sampler read
 keeps a :class:`StorageTrajectoryIndex` as ``storage._trajectory_index``: one
 :class:`~.trajectory_index.TrajectoryIndex` per boundary signal, the storage's
-mutation revision, and the identity, memory and version counter of each column
-read. ``TensorStorage.set`` records each write's cursor; the next query reads those
-rows alone, or rebuilds if anything else moved or they hold more indices than a
-quarter of its ``max_size``. Writes torch does not count
+mutation revision it reflects, and the identity, memory and version counter of each
+column read. ``TensorStorage.set`` records the rows of each write in the storage's
+:class:`~.write_journal.WriteJournal`, in whatever process it runs; the next query
+reads the rows written since its revision alone, or rebuilds where the journal cannot
+tell, where a column changed otherwise (an in-place write through a view), or where
+those rows are more than a quarter of the stored ones. Writes torch does not count
 (through ``.data`` or numpy, or by a process that does not go through TorchRL) are
-not seen. The index is never pickled or copied with its storage.
+not seen unless ``storage.mark_update(index)`` tells. The index is the process's own:
+never pickled or copied with its storage.
 """
 from __future__ import annotations
 
 import logging
 import threading
 import weakref
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,9 +31,9 @@ logger = logging.getLogger("torchrl_fixes")
 
 # The done flags that may stand for the ids of a sampler that names no key.
 END_KEY = ("next", "done")
-# Past these between two queries (writes, runs of rows, rows where the ids and the
-# done flags end differently), rebuilding costs less or following them stops.
-_MAX_WRITES, _MAX_RUNS, _MAX_DISAGREEMENTS = 1024, 64, 64
+# Past these between two queries (runs of rows, rows where the ids and the done
+# flags end differently), rebuilding costs less or following them stops.
+_MAX_RUNS, _MAX_DISAGREEMENTS = 64, 64
 
 
 class Unsupported(Exception):
@@ -132,34 +136,6 @@ def _merged(runs: list) -> list:
     return merged
 
 
-def _written_rows(cursor, capacity: int) -> np.ndarray | None:
-    """The rows ``storage.set(cursor, ...)`` wrote (None where unknown)."""
-    if isinstance(cursor, slice):
-        return np.arange(*cursor.indices(capacity))
-    if isinstance(cursor, torch.Tensor):
-        cursor = cursor.cpu().numpy()
-    cursor = np.asarray(cursor)
-    if cursor.dtype == np.bool_ and cursor.ndim == 1:
-        return np.flatnonzero(cursor)
-    return cursor.reshape(-1) if cursor.dtype.kind in "iu" else None
-
-
-def _runs_of(rows: np.ndarray, capacity: int, length: int) -> list:
-    """``(first, last)`` runs covering ``rows`` (modulo ``capacity``) below ``length``."""
-    if not rows.size:
-        return []
-    lo, hi = int(rows.min()), int(rows.max())
-    if lo < 0 or hi >= length:
-        rows = rows % capacity
-        return _runs_of(rows[rows < length], capacity, length)
-    if hi - lo < 2 * rows.size:  # dense, as a write's rows are: read as one run
-        return [(lo, hi)]
-    rows = np.unique(rows)
-    breaks = np.flatnonzero(np.diff(rows) != 1)
-    firsts, lasts = rows[np.append(0, breaks + 1)], rows[np.append(breaks, -1)]
-    return list(zip(firsts.tolist(), lasts.tolist()))
-
-
 def storage_state(storage) -> tuple:
     """``(capacity, lanes, length, at_capacity, cursor)`` as the stock recovery reads them."""
     data = getattr(storage, "_storage", None)
@@ -193,6 +169,9 @@ class StorageTrajectoryIndex:
 
     Attributes:
         last_signal (BoundarySignal): what the last query read.
+        untold_rebuilds (int): the rebuilds after the storage changed by writes its
+            journal does not hold: a process writing it without the fix, another
+            mutation path, or over 1,024 writes between two queries.
 
     Examples:
         >>> import torch
@@ -214,6 +193,7 @@ class StorageTrajectoryIndex:
     def __init__(self, storage):
         self._lock = threading.RLock()  # draws hold it too (_reads_index)
         self._logged = False  # that the ids and the done flags disagree, once
+        self.untold_rebuilds = 0
         self._reset(storage)
 
     @classmethod
@@ -230,7 +210,6 @@ class StorageTrajectoryIndex:
         # key -> (weak reference, version, memory) of each column read
         self._columns = {}
         self._readers = {}  # key -> what its rows are read from (_reader)
-        self._written, self._kept = [], 0  # the cursor of each write since, its indices
         self._stale = self._writing = False
         self._indexes = {}  # BoundarySignal -> (TrajectoryIndex, the columns' device)
         # id key -> keys of the rows where the ids and the done flags end differently
@@ -238,7 +217,7 @@ class StorageTrajectoryIndex:
         self.last_signal = None
 
     def begin_write(self) -> tuple:
-        """The version of each column read, before a write :meth:`record_write` ends."""
+        """The version of each column read, before a write :meth:`wrote` ends."""
         with self._lock:
             self._writing = True  # one that raised may have moved the cursor
             return tuple(
@@ -246,36 +225,21 @@ class StorageTrajectoryIndex:
                 for ref, _, _ in self._columns.values()
             )
 
-    def record_write(self, storage, cursor, versions: tuple) -> None:
-        """Records a write of ``storage.set(cursor, ...)``, ``versions`` read before it."""
-        with self._lock:
-            self._record_write(storage, cursor, versions)
+    def wrote(self, versions: tuple) -> None:
+        """Takes the columns' versions as a write in this process left them.
 
-    def _record_write(self, storage, cursor, versions: tuple) -> None:
-        self._writing = False
-        if (
-            self._stale
-            or storage._mutation_revision != self._revision + 1
-            or versions != tuple(v for _, v, _ in self._columns.values())
-            or len(self._written) >= _MAX_WRITES
-            or isinstance(cursor, tuple)  # an index along several dims
-        ):
-            self._stale = True  # a change it did not record came first
-            return
-        self._revision += 1
-        self._columns = {
-            key: (ref, ref()._version if ref() is not None else -1, memory)
-            for key, (ref, _, memory) in self._columns.items()
-        }
-        if isinstance(cursor, torch.Tensor):
-            cursor = cursor.detach().clone()  # read at the next query: no wait here
-            self._kept += cursor.numel()
-        elif isinstance(cursor, (list, np.ndarray)):
-            cursor = cursor.copy()
-            self._kept += np.size(cursor)
-        self._written.append(cursor)
-        if 4 * self._kept > storage.max_size:  # past a quarter, queries rebuild anyway
-            self._stale, self._written = True, []
+        ``versions`` are what :meth:`begin_write` read before it; where they differ
+        from the ones last seen, something else wrote in place first: rebuild.
+        """
+        with self._lock:
+            self._writing = False
+            if versions != tuple(v for _, v, _ in self._columns.values()):
+                self._stale = True
+                return
+            self._columns = {
+                key: (ref, ref()._version if ref() is not None else -1, memory)
+                for key, (ref, _, memory) in self._columns.items()
+            }
 
     def index(self, storage, signal: BoundarySignal, may_read_end_flags=False):
         """The index of ``signal``, brought to the storage, and its columns' device.
@@ -356,16 +320,22 @@ class StorageTrajectoryIndex:
 
     def _catch_up(self, storage) -> tuple:
         """Reads the rows written since the last query, or rebuilds; the storage's state."""
-        if not self._unchanged(storage):
-            runs = None
-        elif not self._written:
-            return self._state  # nothing moved the revision: nor the state
-        else:
-            runs = self._written_runs(storage_state(storage))
+        runs = None
+        if self._columns_unchanged(storage):
+            journal = storage.__dict__.get("_write_journal")
+            with _locked(journal):
+                revision = storage._mutation_revision
+                if revision == self._revision:
+                    return self._state  # nothing moved the revision: nor the state
+                state = storage_state(storage)
+                if journal is not None:
+                    runs = journal.runs_since(self._revision, revision)
+            self.untold_rebuilds += runs is None
+            runs = self._written_runs(state, runs)
         if runs is None:
-            self._reset(storage)
-            self._state = storage_state(storage)
+            self._rebuild(storage)
             return self._state
+        self._revision = revision
         state, length = self._state, self._state[2]
         for signal, (index, _) in self._indexes.items():
             columns = [self._readers[key] for key in signal.keys]
@@ -378,11 +348,14 @@ class StorageTrajectoryIndex:
                 self._disagreements[id_key] = found
         return state
 
-    def _unchanged(self, storage) -> bool:
-        """Whether the storage changed by the writes recorded alone."""
+    def _rebuild(self, storage) -> None:
+        with _locked(storage.__dict__.get("_write_journal")):
+            self._reset(storage)
+            self._state = storage_state(storage)
+
+    def _columns_unchanged(self, storage) -> bool:
+        """Whether the columns read are the same tensors, changed by recorded writes alone."""
         if self._stale or self._writing or self._state is None:
-            return False
-        if storage._mutation_revision != self._revision:
             return False
         data = storage._storage
         for key, (ref, version, memory) in self._columns.items():
@@ -395,19 +368,14 @@ class StorageTrajectoryIndex:
                 return False
         return True
 
-    def _written_runs(self, state) -> list | None:
-        """The runs of rows written (or made valid) since, None to rebuild instead."""
-        written, self._written, self._kept = self._written, [], 0
+    def _written_runs(self, state, written: list | None) -> list | None:
+        """The runs of rows to read again (``written``, and rows made valid), None to rebuild."""
         previous, self._state = self._state, state
-        if state[:2] != previous[:2] or state[2] < previous[2]:
+        if written is None or state[:2] != previous[:2] or state[2] < previous[2]:
             return None
-        capacity, length, old_length = state[0], state[2], previous[2]
+        length, old_length = state[2], previous[2]
         runs = [(old_length, length - 1)] if length > old_length else []
-        for cursor in written:
-            rows = _written_rows(cursor, capacity)
-            if rows is None:
-                return None
-            runs += _runs_of(rows, capacity, length)
+        runs += [(first, min(last, length - 1)) for first, last in written if first < length]
         # the row before each run too: ids compare it with the next, and for flags
         # it spares the index a change where its last stop was the state's
         runs += [(length - 1, length - 1) for first, _ in runs if first == 0]
@@ -415,6 +383,11 @@ class StorageTrajectoryIndex:
         if len(runs) > _MAX_RUNS or 4 * sum(b - a + 1 for a, b in runs) > length:
             return None
         return runs
+
+
+def _locked(journal):
+    """The journal's lock, or no lock where the storage has no journal."""
+    return nullcontext() if journal is None else journal.lock
 
 
 def _disagreeing(columns, runs: list, state: tuple, found: set) -> set | None:

@@ -40,13 +40,23 @@ README_LIMIT = 12_000
 
 
 def test_docs_status_output_quotes_the_declared_fallbacks():
-    block = FIXES_DOC[FIXES_DOC.index("stock code still runs for:\n") :].split("\n```")[0]
-    quoted = block.split("\n")[1:]
-    starts = [i for i, line in enumerate(quoted) if not line.startswith("    ")] + [len(quoted)]
-    notes = [" ".join(quoted[a:b]).split() for a, b in zip(starts, starts[1:])]
-    assert notes == [
+    assert _status_notes("stock code still runs for:", "limits:") == [
         f"{fix.name}: {fix.all_fallbacks()}".split() for fix in ALL_FIXES if fix.fallbacks
     ]
+
+
+def test_docs_status_output_quotes_the_declared_limits():
+    assert _status_notes("limits:") == [f"{fix.name}: {fix.limits}".split() for fix in ALL_FIXES if fix.limits]
+
+
+def _status_notes(heading: str, next_heading: str | None = None) -> list:
+    """The notes under ``heading`` in docs/fixes.md's status output, each as its words."""
+    block = FIXES_DOC[FIXES_DOC.index(f"\n{heading}\n") + 1 :].split("\n```")[0]
+    if next_heading is not None:
+        block = block.split(f"\n{next_heading}\n")[0]
+    quoted = block.split("\n")[1:]
+    starts = [i for i, line in enumerate(quoted) if not line.startswith("    ")] + [len(quoted)]
+    return [" ".join(quoted[a:b]).split() for a, b in zip(starts, starts[1:])]
 
 
 @pytest.mark.parametrize("fix", [f for f in ALL_FIXES if f.fallbacks], ids=lambda f: f.name)

@@ -196,6 +196,8 @@ class Fix:
         release_fallbacks (str): those it leaves to stock code only on older TorchRL
             releases, whose code lacks what it needs (the upstream patches target
             TorchRL main, where they do not arise).
+        limits (str): what an applied fix does not see, or sees only at stock's
+            cost, and how to avoid it.
     """
 
     name: ClassVar[str]
@@ -206,6 +208,7 @@ class Fix:
     stock_classes: ClassVar[tuple[str, ...]] = ()
     fallbacks: ClassVar[str] = ""
     release_fallbacks: ClassVar[str] = ""
+    limits: ClassVar[str] = ""
 
     def all_fallbacks(self) -> str:
         """:attr:`fallbacks`, then :attr:`release_fallbacks`: what ``status()`` lists."""
@@ -245,6 +248,7 @@ class FixStatus:
             apply) or ``"inactive"`` (not asked for, or deactivated).
         reason (str): why it is not applied; empty when it is.
         fallbacks (str): the configurations the fix leaves to stock code, if any.
+        limits (str): what the fix does not see, or sees only at stock's cost, if anything.
     """
 
     name: str
@@ -254,6 +258,7 @@ class FixStatus:
     state: str
     reason: str
     fallbacks: str = ""
+    limits: str = ""
 
     @property
     def applied(self) -> bool:
@@ -304,6 +309,13 @@ class StatusReport(list):
         ]
         if notes:
             lines += ["stock code still runs for:", *notes]
+        limits = [
+            fold(f"{r.name}: {r.limits}", initial_indent="  ", subsequent_indent="    ")
+            for r in self
+            if r.applied and r.limits
+        ]
+        if limits:
+            lines += ["limits:", *limits]
         lines += [fold(f"note: {note}", subsequent_indent="  ") for note in self.notes]
         return "\n".join(lines)
 
@@ -520,6 +532,7 @@ class Registry:
                         state=state,
                         reason=reason,
                         fallbacks=fix.all_fallbacks(),
+                        limits=fix.limits,
                     )
                 )
         return StatusReport(

@@ -31,6 +31,7 @@ def findings_from(stages: dict[str, float], facts: dict) -> list[Finding]:
     ``facts`` holds what :func:`diagnose` observed: ``pin_memory``, ``prefetch``,
     ``accelerator`` (bool), ``device`` (str or None), ``unpinned`` (names),
     ``tensors``, ``pinned_measured`` (bool), ``transformed_device_none``,
+    ``untold_rebuilds`` (the storage index's, since it was made),
     ``patched_pin``, ``pinning`` and ``slice_index`` (pinned_sample_output's and
     slice_boundary_index's verdicts, :meth:`FixVerdict.to_dict`), ``cache_values``,
     ``boundary_read``, ``has_done``, ``traj_key_named``, ``trajectories``,
@@ -51,6 +52,7 @@ def findings_from(stages: dict[str, float], facts: dict) -> list[Finding]:
     if "boundaries" in stages and share("boundaries") >= DOMINANT_SHARE:
         found.append(_slice_boundaries(stages, facts, share))
     found += _after_write_findings(stages, facts)
+    found += _untold_write_findings(facts)
     found += _pinning_findings(stages, facts, share)
     found += _transfer_findings(stages, facts)
     found += _dominant_stage_findings(stages, facts, share)
@@ -141,6 +143,23 @@ def _after_write_findings(stages: dict[str, float], facts: dict) -> list[_Ranked
         f"{_format_seconds(total)}, the index draw {_format_seconds(stages['after_write'])} of it "
         f"against {_format_seconds(draw)} between writes{why}",
         "; ".join(remedies),
+    ))]
+
+
+def _untold_write_findings(facts: dict) -> list[_Ranked]:
+    """``untold-writes``: the index was rebuilt after writes the storage's journal does not hold."""
+    rebuilds = facts.get("untold_rebuilds", 0)
+    if not rebuilds:
+        return []
+    return [(-0.25, Finding(
+        "untold-writes",
+        "the storage's trajectory index was rebuilt from the whole storage "
+        f"{'once' if rebuilds == 1 else f'{rebuilds:,} times'} "
+        "after writes its journal does not hold: a process that writes this storage without "
+        "torchrl_fixes, another way of writing than storage.set, or over 1,024 writes between "
+        "two samples",
+        "import torchrl_fixes in every process that writes the storage (or start them with "
+        "torchrl-fixes run); after writes through .data or numpy, call storage.mark_update(rows)",
     ))]
 
 

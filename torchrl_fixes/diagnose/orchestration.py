@@ -245,6 +245,7 @@ def _facts(parts: _Parts, plan: _Plan, timed: _Timed) -> dict[str, Any]:
         # the fix's SliceSampler.__init__ notes whether a key was named (absent: built before it)
         "traj_key_named": vars(parts.sampler).get("_default_boundary_keys") is False,
         "trajectories": timed.trajectories,
+        "untold_rebuilds": getattr(vars(storage).get("_trajectory_index"), "untold_rebuilds", 0),
         "write_rows": timed.write_rows,
         "gathered_bytes": statistics.median(observed.gathered_bytes) if observed.gathered_bytes else 0,
         "storage": type(storage).__name__,

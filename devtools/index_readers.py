@@ -19,6 +19,16 @@ once, then written ``--writes`` times over its whole capacity, then sampled; pri
 the process's resident memory (``VmRSS``, Linux's ``/proc/self/status``) before the
 writes, and what it grew by after them and after the next sample.
 
+``foreign``: a ``ReplayBuffer(LazyTensorStorage(stored), SliceSampler(slice_len=8,
+traj_key="episode"))`` filled with ``--stored`` rows (500-step episodes) is handed to
+a spawned process, which extends it by ``--write`` rows at each of ``--writes``
+requests. After each write the main process samples 256 rows (the sample right
+after another process's write, timed), then a ``RandomSampler`` sample of the same
+batch from the same storage (the floor, timed). With ``--fixes`` each slice sample
+is also compared with a twin sampler's, ``boundary_index=False`` (stock's
+whole-storage recovery), drawn with the same seed. Prints the medians and their
+ratio; exits 1 where a sample differed.
+
 Whichever TorchRL is imported is measured: stock, with ``--fixes`` the runtime fixes,
 or a patched source put first on ``PYTHONPATH``; the first line names it. One torch
 thread.
@@ -111,6 +121,15 @@ def _parser() -> argparse.ArgumentParser:
                       help="sys.setswitchinterval during the runs "
                       "(default: %(default)g; Python's own: 0.005)")
 
+    foreign = commands.add_parser(
+        "foreign", parents=[common], help="the sample after another process's write, against the floor",
+        description=__doc__.split("\n\n")[3],
+    )
+    foreign.add_argument("--stored", type=int, default=2_000_000,
+                         help="rows stored, the storage's capacity (default: 2000000)")
+    foreign.add_argument("--write", type=int, default=1_000, help="rows of each write (default: 1000)")
+    foreign.add_argument("--writes", type=int, default=40, help="(default: 40)")
+
     memory = commands.add_parser(
         "memory", parents=[common], help="resident memory kept across full-capacity writes",
         description=__doc__.split("\n\n")[2],
@@ -135,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     level = torchrl_logger.level
     torchrl_logger.setLevel(logging.WARNING)
     try:
-        return (_race if args.command == "race" else _memory)(args, sampler_keys)
+        command = {"race": _race, "foreign": _foreign, "memory": _memory}[args.command]
+        return command(args, sampler_keys)
     finally:
         torchrl_logger.setLevel(level)
 
@@ -147,6 +167,10 @@ def _usage_problem(args: argparse.Namespace) -> str | None:
             return "--seconds and --switch-interval must be above 0, --runs at least 1"
         if args.capacity < 16 or not 1 <= args.write <= args.capacity:
             return "--capacity must be at least 16, --write from 1 to --capacity"
+        return None
+    if args.command == "foreign":
+        if args.stored < 10_000 or not 1 <= args.write <= args.stored // 4 or args.writes < 1:
+            return "--stored must be at least 10000, --write from 1 to a quarter of it, --writes at least 1"
         return None
     if args.rows < 1000 or args.writes < 1:
         return "--rows must be at least 1000, --writes at least 1"
@@ -341,6 +365,72 @@ def _memory(args: argparse.Namespace, sampler_keys: dict) -> int:
     after_sample = _resident_mib()
     print(f"resident {before:.0f} MiB before the writes, {after_writes - before:+.1f} MiB after them, "
           f"{after_sample - before:+.1f} MiB after the next sample")
+    return 0
+
+
+def _episodes(start: int, rows: int):
+    """``rows`` steps of 500-step episodes from step ``start``: obs, episode ids, done flags."""
+    import torch
+    from tensordict import TensorDict
+
+    step = torch.arange(start, start + rows)
+    done = (step % 500 == 499).unsqueeze(-1)
+    return TensorDict({"obs": step, "episode": step // 500, ("next", "done"): done}, [rows])
+
+
+def _write_on_request(rb, start: int, rows: int, requests, written) -> None:
+    """Runs in the spawned process: extends ``rb`` by ``rows`` rows at each request."""
+    while requests.get():
+        rb.extend(_episodes(start, rows))
+        start += rows
+        written.put(start)
+
+
+def _foreign(args: argparse.Namespace, sampler_keys: dict) -> int:
+    import statistics
+
+    import torch
+    from torchrl.data import LazyTensorStorage, RandomSampler, ReplayBuffer, SliceSampler
+
+    print(f"foreign: {args.stored:,} rows stored, {args.writes} writes of {args.write:,} by another "
+          f"process, samples of 256 rows  {torchrl_label()}")
+    options = {"slice_len": 8, **sampler_keys}
+    rb = ReplayBuffer(storage=LazyTensorStorage(args.stored), sampler=SliceSampler(**options), batch_size=256)
+    rb.extend(_episodes(0, args.stored))
+    floor = ReplayBuffer(storage=rb.storage, sampler=RandomSampler(), batch_size=256)
+    twin = SliceSampler(**options, boundary_index=False) if args.fixes else None
+    rb.sample()
+    context = torch.multiprocessing.get_context("spawn")
+    requests, written = context.Queue(), context.Queue()
+    child = context.Process(target=_write_on_request, args=(rb, args.stored, args.write, requests, written))
+    child.start()
+    sliced, random_rows, equal = [], [], 0
+    try:
+        for write in range(args.writes):
+            requests.put(True)
+            written.get(timeout=600)
+            torch.manual_seed(write)
+            start = time.perf_counter()
+            drawn = rb.sampler.sample(rb.storage, 256)
+            sliced.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            floor.sample()
+            random_rows.append(time.perf_counter() - start)
+            if twin is not None:
+                torch.manual_seed(write)
+                expected = twin.sample(rb.storage, 256)
+                equal += all(torch.equal(a, b) for a, b in zip(drawn[0], expected[0])) and all(
+                    torch.equal(drawn[1][key], expected[1][key]) for key in expected[1]
+                )
+    finally:
+        requests.put(False)
+        child.join(timeout=600)
+    sample, floor_time = statistics.median(sliced), statistics.median(random_rows)
+    print(f"slice sample after a foreign write: median {sample * 1e3:.3f} ms; RandomSampler floor "
+          f"{floor_time * 1e3:.3f} ms; ratio {sample / floor_time:.2f}x the floor")
+    if twin is not None:
+        print(f"samples equal to stock's whole-storage recovery: {equal} of {args.writes}")
+        return 0 if equal == args.writes else 1
     return 0
 
 

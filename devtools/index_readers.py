@@ -60,6 +60,13 @@ Examples:
         $ python -m devtools.index_readers memory --rows 200000 --writes 10 --fixes
         memory: 200,000 rows, 10 full-capacity writes  [torchrl 0.14.1 from torchrl_fixes]
         resident 335 MiB before the writes, +2.8 MiB after them, +2.8 MiB after the next sample
+        $ python -m devtools.index_readers foreign --stored 20000000
+        foreign: 20,000,000 rows stored, 40 writes of 1,000 by another process, samples of 256 rows  [torchrl 0.14.1 from /work/venv/lib/python3.11/site-packages/torchrl/__init__.py]
+        slice sample after a foreign write: median 39.743 ms; RandomSampler floor 0.250 ms; ratio 159.12x the floor
+        $ python -m devtools.index_readers foreign --stored 20000000 --fixes
+        foreign: 20,000,000 rows stored, 40 writes of 1,000 by another process, samples of 256 rows  [torchrl 0.14.1 from torchrl_fixes]
+        slice sample after a foreign write: median 0.984 ms; RandomSampler floor 0.375 ms; ratio 2.63x the floor
+        samples equal to stock's whole-storage recovery: 40 of 40
 
     A stock slice sampler raises too, more rarely: ``IndexError: index 399 is out of bounds
     for dimension 0 with size 350`` in ``_derive_end_flags``, once in two 3-second runs of

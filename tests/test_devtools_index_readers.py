@@ -21,6 +21,10 @@ RUN = re.compile(r"run 1: reader (\d+) samples, writer (\d+) writes and samples,
         ["race", "--write", "401"],
         ["memory", "--rows", "999"],
         ["memory", "--writes", "0"],
+        ["foreign", "--stored", "9999"],
+        ["foreign", "--write", "0"],
+        ["foreign", "--stored", "10000", "--write", "2501"],
+        ["foreign", "--writes", "0"],
     ],
 )
 def test_bad_sizes_are_a_usage_error_in_one_line(argv, capsys):
@@ -94,3 +98,17 @@ def test_a_thread_still_running_after_the_end_is_a_hang(monkeypatch, capsys, tor
     assert RUN.fullmatch(run).group(2) == "0"
     assert hang == "run 1: the writer still running 0.2 s after the end: a hang; no further run"
     assert summary == "0 of 1 runs raised"
+
+
+def test_foreign_prints_the_ratio_and_the_samples_equal_to_stock(capsys, torch_threads_restored):
+    assert index_readers.main(["foreign", "--stored", "20000", "--write", "100", "--writes", "3", "--fixes"]) == 0
+    header, timing, equal = capsys.readouterr().out.splitlines()
+    assert re.fullmatch(
+        rf"foreign: 20,000 rows stored, 3 writes of 100 by another process, samples of 256 rows  {LABEL}", header
+    )
+    assert re.fullmatch(
+        r"slice sample after a foreign write: median \d+\.\d{3} ms; RandomSampler floor \d+\.\d{3} ms; "
+        r"ratio \d+\.\d\dx the floor",
+        timing,
+    )
+    assert equal == "samples equal to stock's whole-storage recovery: 3 of 3"

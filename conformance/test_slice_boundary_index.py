@@ -20,6 +20,7 @@ import itertools
 import pickle
 import random
 import textwrap
+import threading
 import zlib
 
 import numpy as np
@@ -1866,3 +1867,44 @@ def test_boundary_index_takes_a_bool():
         pytest.skip("boundary_index is an argument of the fix")
     with pytest.raises(TypeError, match="boundary_index must be True or False, got 'no'"):
         SliceSampler(slice_len=4, boundary_index="no")
+
+
+def _sample_and_exit(rb) -> None:
+    rb.sample()
+
+
+def test_a_fork_child_samples_while_a_parent_thread_holds_the_index():
+    """A ``fork`` child inherits the storage's index with its lock held by a thread of the
+    parent that it does not inherit: the child makes an index of its own and samples."""
+    from torchrl.data import LazyTensorStorage, ReplayBuffer
+
+    step = torch.arange(200)
+    rb = ReplayBuffer(
+        storage=LazyTensorStorage(200), sampler=SliceSampler(slice_len=4, traj_key=EPISODE_KEY), batch_size=16
+    )
+    rb.extend(TensorDict({"obs": step, EPISODE_KEY: step // 20}, [200]))
+    rb.sample()
+    index = vars(rb.storage).get("_trajectory_index")
+    if index is None:
+        pytest.skip("no index: the fix is not in effect")
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with index._lock:
+            held.set()
+            release.wait(60)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        held.wait(60)
+        child = torch.multiprocessing.get_context("fork").Process(target=_sample_and_exit, args=(rb,))
+        child.start()
+        child.join(timeout=60)
+        if child.is_alive():
+            child.kill()
+            child.join()
+    finally:
+        release.set()
+        holder.join(60)
+    assert child.exitcode == 0, "the fork child hung or failed on the index its parent held"

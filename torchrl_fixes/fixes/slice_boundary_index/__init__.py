@@ -56,6 +56,7 @@ from torchrl_fixes.fixes.slice_boundary_index.slice_lengths import (
 )
 from torchrl_fixes.fixes.slice_boundary_index.storage_index import (
     _version,
+    existing_index,
     storage_state,
     Unsupported,
 )
@@ -101,7 +102,7 @@ def record_write(wrapped, instance, args, kwargs):
     """``TensorStorage.set``, recording the rows it writes in the storage's journal."""
     if torch.compiler.is_compiling():
         return wrapped(*args, **kwargs)
-    index = instance.__dict__.get("_trajectory_index")
+    index = existing_index(instance)
     versions = None if index is None else index.begin_write()
     journal = journal_of(instance)
     with journal.lock:  # the write and its record, as one for every reader

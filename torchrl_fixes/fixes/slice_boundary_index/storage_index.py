@@ -16,6 +16,7 @@ never pickled or copied with its storage.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import weakref
 from contextlib import nullcontext
@@ -192,15 +193,19 @@ class StorageTrajectoryIndex:
 
     def __init__(self, storage):
         self._lock = threading.RLock()  # draws hold it too (_reads_index)
+        self._pid = os.getpid()  # a fork child inherits the lock as a thread may hold it
         self._logged = False  # that the ids and the done flags disagree, once
         self.untold_rebuilds = 0
         self._reset(storage)
 
     @classmethod
     def of(cls, storage) -> StorageTrajectoryIndex:
-        """``storage``'s index, made on first use."""
-        entry = storage.__dict__.get("_trajectory_index")
-        if entry is None:  # one entry, and lock, where two threads make one
+        """``storage``'s index in this process, made on first use."""
+        entry = existing_index(storage)
+        if entry is None:
+            if "_trajectory_index" in storage.__dict__:  # a fork parent's: not ours
+                storage.__dict__.pop("_trajectory_index", None)
+            # one entry, and lock, where two threads make one
             entry = storage.__dict__.setdefault("_trajectory_index", cls(storage))
         return entry
 
@@ -388,6 +393,12 @@ class StorageTrajectoryIndex:
 def _locked(journal):
     """The journal's lock, or no lock where the storage has no journal."""
     return nullcontext() if journal is None else journal.lock
+
+
+def existing_index(storage) -> StorageTrajectoryIndex | None:
+    """``storage``'s index where this process made one (a fork child's copy is not its own)."""
+    entry = storage.__dict__.get("_trajectory_index")
+    return entry if entry is not None and entry._pid == os.getpid() else None
 
 
 def _disagreeing(columns, runs: list, state: tuple, found: set) -> set | None:

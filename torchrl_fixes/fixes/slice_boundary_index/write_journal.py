@@ -148,7 +148,9 @@ class WriteJournal:
         head, base = (int(v) for v in self._rows[0, :2])
         if head == 0 or revision < base:
             return None
-        count = min(head, _SLOTS)
+        # the entries since: two at most per revision, and one before them
+        newest = int(self._rows[1 + (head - 1) % _SLOTS, 0])
+        count = min(head, _SLOTS, 2 * max(newest - revision, 0) + 1)
         entries = self._rows[1 + np.arange(head - count, head) % _SLOTS]
         if head > count and entries[0, 0] > revision:  # older runs were overwritten
             return None

@@ -48,6 +48,7 @@ HOMES = {
     "torchrl_fixes.fixes.pinned_sample_output": f"{RB}/utils.py",
     "torchrl_fixes.fixes.single_gather": f"{RB}/samplers/slice.py",
     f"{_SBI}.trajectory_index": f"{RB}/trajectory_index.py",
+    f"{_SBI}.write_journal": f"{RB}/write_journal.py",
     f"{_SBI}.storage_index": f"{RB}/storage_index.py",
     f"{_SBI}.slice_boundaries": f"{RB}/samplers/_slice_boundaries.py",
     f"{_SBI}.slice_sampling": f"{RB}/samplers/_slice_sampling.py",
@@ -60,20 +61,21 @@ UPSTREAM_FILES = {
     "test/rb/test_slice_sampler_info.py": "0002-single-gather",
     "benchmarks/test_slice_sampler_gather_benchmark.py": "0002-single-gather",
     "test/rb/test_trajectory_index.py": "0003-trajectory-index",
-    "test/rb/test_storage_index.py": "0004-slice-boundaries-from-index",
-    "test/rb/_slice_sampler_common.py": "0004-slice-boundaries-from-index",
-    "test/rb/test_slice_sampler_index.py": "0004-slice-boundaries-from-index",
-    "benchmarks/_slice_sampler_buffers.py": "0004-slice-boundaries-from-index",
-    "benchmarks/test_slice_sampler_index_benchmark.py": "0004-slice-boundaries-from-index",
-    "test/rb/test_slice_sampler_draw.py": "0005-slice-draw-from-index",
-    "test/rb/test_slice_sampler_without_replacement_draw.py": "0006-slice-without-replacement-from-index",
-    "benchmarks/test_slice_sampler_without_replacement_benchmark.py": "0006-slice-without-replacement-from-index",
-    "test/rb/test_slice_sampler_lengths.py": "0007-variable-length-slices",
-    "benchmarks/test_slice_sampler_lengths_benchmark.py": "0007-variable-length-slices",
-    "test/rb/test_prioritized_slice_stops.py": "0008-prioritized-slice-stops",
-    "test/rb/test_trajectory_index_changes.py": "0009-prioritized-slice-eligible-starts",
-    "test/rb/test_prioritized_slice_eligible_starts.py": "0009-prioritized-slice-eligible-starts",
-    "benchmarks/test_prioritized_slice_sampler_benchmark.py": "0009-prioritized-slice-eligible-starts",
+    "test/rb/test_write_journal.py": "0004-storage-write-journal",
+    "test/rb/test_storage_index.py": "0005-slice-boundaries-from-index",
+    "test/rb/_slice_sampler_common.py": "0005-slice-boundaries-from-index",
+    "test/rb/test_slice_sampler_index.py": "0005-slice-boundaries-from-index",
+    "benchmarks/_slice_sampler_buffers.py": "0005-slice-boundaries-from-index",
+    "benchmarks/test_slice_sampler_index_benchmark.py": "0005-slice-boundaries-from-index",
+    "test/rb/test_slice_sampler_draw.py": "0006-slice-draw-from-index",
+    "test/rb/test_slice_sampler_without_replacement_draw.py": "0007-slice-without-replacement-from-index",
+    "benchmarks/test_slice_sampler_without_replacement_benchmark.py": "0007-slice-without-replacement-from-index",
+    "test/rb/test_slice_sampler_lengths.py": "0008-variable-length-slices",
+    "benchmarks/test_slice_sampler_lengths_benchmark.py": "0008-variable-length-slices",
+    "test/rb/test_prioritized_slice_stops.py": "0009-prioritized-slice-stops",
+    "test/rb/test_trajectory_index_changes.py": "0010-prioritized-slice-eligible-starts",
+    "test/rb/test_prioritized_slice_eligible_starts.py": "0010-prioritized-slice-eligible-starts",
+    "benchmarks/test_prioritized_slice_sampler_benchmark.py": "0010-prioritized-slice-eligible-starts",
 }
 
 # The changes of a pull request: the runtime module ``source`` copied to its home (HOMES);
@@ -164,43 +166,109 @@ def _single_gather() -> list:
     ]
 
 
-# The hook lines of 0004 to 0006 mirror the runtime wrappers (slice_boundary_index/__init__.py) named beside them.
+# The hook lines of 0004 to 0007 and 0010 mirror the runtime wrappers (slice_boundary_index/__init__.py) named
+# beside them.
 _SLICE, _TENSOR = f"{RB}/samplers/slice.py", f"{RB}/storages/tensor.py"
 _SWR = f"{RB}/samplers/slice_without_replacement.py"
-# SliceSampler's docstring: what cache_values means now
-_CACHE_VALUES = ("""\
-        cache_values (bool, optional): to be used with static datasets.
-            Caches trajectory boundaries until the storage revision changes,
+_PSS = f"{RB}/samplers/prioritized_slice.py"
+# SliceSampler's docstring: what cache_values means once storages record their writes (0004)
+_CACHE_VALUES_SEEN = ("""\
             including writes from another buffer or process. Direct backing
             tensor mutations cannot be detected.
 """, """\
-        cache_values (bool, optional): unused where a TensorStorage's trajectory
-            index serves the sampler, which sees every write torch counts, through
-            views too (not through ``.data`` or numpy, nor other processes' raw
-            shared memory). Otherwise, for static datasets: caches trajectory
-            boundaries until the storage revision changes.
+            including writes from another buffer or process. Writes torch does
+            not count (through ``.data``, numpy or another process's raw memory)
+            are seen once ``storage.mark_update(index)`` names their rows.
 """)
+# ... and once the index serves the sampler (0005); the sentences above stay
+_CACHE_VALUES = ("""\
+        cache_values (bool, optional): to be used with static datasets.
+""", """\
+        cache_values (bool, optional): unused where the storage's trajectory
+            index serves the sampler, which sees every write torch counts;
+            ``boundary_index=False`` keeps the whole-storage recovery at every
+            sample. Otherwise, to be used with static datasets.
+""")
+# SliceSampler's docstring: the new argument, after use_gpu
+_BOUNDARY_INDEX = ("""\
+            accelerate the sampling when the buffer content is large.
+            Defaults to ``False``.
+""", """\
+            accelerate the sampling when the buffer content is large.
+            Defaults to ``False``.
+        boundary_index (bool, optional): if ``False``, the trajectory boundaries
+            are recovered from the whole storage at every sample, without the
+            storage's trajectory index. Defaults to ``True``.
+""")
+
+
+def _passes_boundary_index(path: str, cls: str, last: str, passed: str, documented: str) -> list:
+    """take_boundary_index, in a sampler that calls SliceSampler.__init__ with its own arguments:
+    ``boundary_index`` after its ``last`` argument, passed on after ``passed``, documented after
+    the entry that ends with ``documented``."""
+    return [
+        Edit(path, f"{cls}.__init__", (
+            (f"    {last}\n):\n", f"    {last}\n    boundary_index: bool = True,\n):\n"),
+            (f"        {passed}\n    )\n", f"        {passed}\n        boundary_index=boundary_index,\n    )\n"),
+        )),
+        Edit(path, cls, ((documented, documented + """\
+        boundary_index (bool, optional): see :class:`~torchrl.data.SliceSampler`.
+            Defaults to ``True``.
+"""),)),
+    ]
+
+
+def _storage_write_journal() -> list:
+    from torchrl_fixes.fixes import slice_boundary_index as fix
+
+    mark_update = ("TensorStorage.mark_update", inspect.getsource(fix.mark_update), fix.__name__)
+    return [
+        Module(f"{_SBI}.write_journal"),
+        _after(_TENSOR, "TensorStorage.__init__", '    self.__dict__["_storage_keys"] = None\n',  # attach_journal
+               "    journal_of(self)  # made before the storage is shared"),
+        # record_write, in both TensorStorage.set (torch >= 2.0 and < 2.0): the revision the
+        # write moves the storage to and the rows it covered are recorded as one
+        Edit(_TENSOR, "TensorStorage.set", (("\n    self._bump_mutation_revision()\n", """
+    if is_compiling():
+        self._bump_mutation_revision()
+    else:
+        self.mark_update(cursor)
+"""),)),
+        Functions(_TENSOR, (mark_update,), before="TensorStorage._wait_for_init"),
+        _after(_TENSOR, None, "from torchrl.data.replay_buffers.checkpointers import TensorStorageCheckpointer\n",
+               "from torchrl.data.replay_buffers.write_journal import capacity_of, journal_of"),
+        Edit(_SLICE, "SliceSampler", (_CACHE_VALUES_SEEN,)),
+    ]
 
 
 def _slice_boundaries_from_index() -> list:
     return [
         *(Module(f"{_SBI}.{name}") for name in ("storage_index", "slice_boundaries")),
-        # record_write, in both TensorStorage.set (torch >= 2.0 and < 2.0)
+        # record_write, in both TensorStorage.set (torch >= 2.0 and < 2.0), around 0004's record
         _after(_TENSOR, "TensorStorage.set", "    set_cursor: bool = True,\n):\n",
-               '    index = self.__dict__.get("_trajectory_index")',
+               "    index = existing_index(self)",
                "    versions = None if index is None or is_compiling() else index.begin_write()"),
-        _after(_TENSOR, "TensorStorage.set", "\n    self._bump_mutation_revision()\n",
-               "    if versions is not None:", "        index.record_write(self, cursor, versions)"),
+        _after(_TENSOR, "TensorStorage.set", "\n        self.mark_update(cursor)\n",
+               "    if versions is not None:", "        index.wrote(versions)"),
+        _after(_TENSOR, None, "from torchrl.data.replay_buffers.checkpointers import TensorStorageCheckpointer\n",
+               "from torchrl.data.replay_buffers.storage_index import existing_index"),
         _after(f"{RB}/storages/base.py", "Storage.__getstate__", "    state = copy(self.__dict__)\n",  # state_without_index
                "    # the trajectory index is the storage's own: never pickled",
                '    state.pop("_trajectory_index", None)'),
-        # note_default_keys, first: the body rebinds end_key
-        _after(_SLICE, "SliceSampler.__init__", "    use_gpu: torch.device | bool = False,\n):\n",
-               "    self._default_boundary_keys = traj_key is None and end_key is None and end_keys is None"),
+        # note_default_keys, first: the body rebinds end_key; take_boundary_index
+        Edit(_SLICE, "SliceSampler.__init__", (
+            ("    use_gpu: torch.device | bool = False,\n):\n",
+             "    use_gpu: torch.device | bool = False,\n    boundary_index: bool = True,\n):\n"
+             "    self._default_boundary_keys = traj_key is None and end_key is None and end_keys is None\n"),
+            ("    self.cache_values = cache_values\n",
+             "    self.cache_values = cache_values\n    if not isinstance(boundary_index, bool):\n"
+             '        raise TypeError(f"boundary_index must be True or False, got {boundary_index!r}")\n'
+             "    self._boundary_index = boundary_index\n"),
+        )),
         _after(_SLICE, "SliceSampler._get_stop_and_length", "def _get_stop_and_length(self, storage, fallback=True):\n",
                "    boundaries = _stop_and_length_from_index(self, storage)",
                "    if boundaries is not None:", "        return boundaries"),
-        Edit(_SLICE, "SliceSampler", (_CACHE_VALUES,)),
+        Edit(_SLICE, "SliceSampler", (_CACHE_VALUES, _BOUNDARY_INDEX)),
         _after(_SLICE, None, "from .base import Sampler\n",
                "from torchrl.data.replay_buffers.samplers._slice_boundaries import _stop_and_length_from_index"),
     ]
@@ -233,6 +301,11 @@ def _slice_without_replacement_from_index() -> list:
                "from torchrl.data.replay_buffers.samplers._slice_boundaries import _reads_index",
                "from torchrl.data.replay_buffers.samplers._slice_sampling import (",
                "    _slice_request,", "    _slices_of_drawn,", "    _warn_if_short,", ")"),
+        *_passes_boundary_index(_SWR, "SliceSamplerWithoutReplacement", "use_gpu: bool | torch.device = False,",
+                                "use_gpu=use_gpu,", """\
+            accelerate the sampling when the buffer content is large.
+            Defaults to ``False``.
+"""),
     ]
 
 
@@ -248,7 +321,7 @@ def _variable_length_slices() -> list:
     ]
 
 
-# What the trajectory index keeps for the eligible starts of 0009, which adds it: its
+# What the trajectory index keeps for the eligible starts of 0010, which adds it: its
 # revision and the key ranges of its last changes (changes_since), and stops_around.
 _TI = f"{RB}/trajectory_index.py"
 _CHANGES_KEPT = (
@@ -294,9 +367,6 @@ def _trajectory_index_changes() -> list:
     ]
 
 
-_PSS = f"{RB}/samplers/prioritized_slice.py"
-
-
 def _prioritized_slice_stops() -> list:
     from torchrl_fixes.fixes.slice_boundary_index.prioritized_slices import SLICE_STOP_EDITS
 
@@ -309,7 +379,7 @@ def _prioritized_slice_eligible_starts() -> list:
     import torchrl_fixes
     from torchrl_fixes.fixes.slice_boundary_index import prioritized_slices as fix
 
-    # the edits find the stock lines they replace; neither 0002's edits nor 0008's touch them
+    # the edits find the stock lines they replace; neither 0002's edits nor 0009's touch them
     edits = fix.prioritized_sample_edits(torchrl_fixes.get_original(PrioritizedSliceSampler, "sample"))
     return [
         *_trajectory_index_changes(),
@@ -327,6 +397,11 @@ def _prioritized_slice_eligible_starts() -> list:
                "    _current_index,", "    _overrides,", "    _reads_index,", ")"),
         # note_priorities_set, as the sampler's own update_priority
         Edit(_PSS, "PrioritizedSliceSampler", (("    def __getstate__(self):\n", _UPDATE_PRIORITY + "    def __getstate__(self):\n"),)),
+        *_passes_boundary_index(_PSS, "PrioritizedSliceSampler", "max_priority_within_buffer: bool = False,",
+                                "span=span,", """\
+            the maximum value since the instantiation of the sampler.
+            Defaults to ``False``.
+"""),
     ]
 
 
@@ -355,12 +430,13 @@ PRS = (
     PR("0001-pinned-sample-output", _pinned_sample_output),
     PR("0002-single-gather", _single_gather, "single_gather"),
     PR("0003-trajectory-index", _trajectory_index),
-    PR("0004-slice-boundaries-from-index", _slice_boundaries_from_index, "slice_boundary_index"),
-    PR("0005-slice-draw-from-index", _slice_draw_from_index),
-    PR("0006-slice-without-replacement-from-index", _slice_without_replacement_from_index),
-    PR("0007-variable-length-slices", _variable_length_slices),
-    PR("0008-prioritized-slice-stops", _prioritized_slice_stops),
-    PR("0009-prioritized-slice-eligible-starts", _prioritized_slice_eligible_starts),
+    PR("0004-storage-write-journal", _storage_write_journal),
+    PR("0005-slice-boundaries-from-index", _slice_boundaries_from_index, "slice_boundary_index"),
+    PR("0006-slice-draw-from-index", _slice_draw_from_index),
+    PR("0007-slice-without-replacement-from-index", _slice_without_replacement_from_index),
+    PR("0008-variable-length-slices", _variable_length_slices),
+    PR("0009-prioritized-slice-stops", _prioritized_slice_stops),
+    PR("0010-prioritized-slice-eligible-starts", _prioritized_slice_eligible_starts),
 )
 
 

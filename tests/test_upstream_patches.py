@@ -221,7 +221,7 @@ def test_edited_methods_are_the_runtime_methods(patched):
         plans = {**_plan(pinned_sample_output.PinnedSampleOutput()), **_plan(single_gather.SingleGather())}
         index_plan = slice_boundary_index.SliceBoundaryIndex().plan()
         derived = _plan(slice_boundary_index.SliceBoundaryIndex())["SliceSampler._tensor_slices_from_startend"]
-        # PrioritizedSliceSampler.sample: single_gather's edits (0002), then the index's (0008, 0009)
+        # PrioritizedSliceSampler.sample: single_gather's edits (0002), then the index's (0009, 0010)
         prioritized = [
             r for r in [*single_gather.SingleGather().plan(), *index_plan]
             if isinstance(r, SourceEdits) and (r.owner.__name__, r.name) == ("PrioritizedSliceSampler", "sample")
@@ -238,6 +238,15 @@ def test_edited_methods_are_the_runtime_methods(patched):
     ]:
         runtime = ast.parse(textwrap.dedent(inspect.getsource(plans[qualname]))).body[0]
         assert _method(rb / path, qualname) == ast.dump(runtime), qualname
+
+
+def test_mark_update_is_the_runtime_function(patched):
+    """``TensorStorage.mark_update`` is the runtime's ``mark_update``, its doctest as TorchRL holds it."""
+    from torchrl_fixes.fixes import slice_boundary_index
+
+    source = upstream_patches._upstream_text(inspect.getsource(slice_boundary_index.mark_update), "mark_update")
+    tensor = patched / upstream_patches.RB / "storages" / "tensor.py"
+    assert _method(tensor, "TensorStorage.mark_update") == ast.dump(ast.parse(source).body[0])
 
 
 def _plan(fix) -> dict:

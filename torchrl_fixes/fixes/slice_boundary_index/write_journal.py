@@ -62,9 +62,9 @@ class WriteJournal:
 
     It holds the runs of the last writes, up to 1,024 runs (a write covers one run, or
     two around the end of the ring), in shared memory: a few kilobytes, whatever the
-    number or size of the writes. Writers hold :attr:`lock` across the write and its
-    record, and readers across reading the storage's revision and the runs, so a
-    reader sees every recorded write up to that revision.
+    number or size of the writes. Writers hold :attr:`lock` while they move the
+    storage's revision and record their runs, and readers while they read the
+    revision and the runs, so a reader sees every recorded write up to that revision.
 
     Examples:
         >>> import torch

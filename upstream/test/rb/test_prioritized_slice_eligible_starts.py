@@ -17,7 +17,7 @@ import argparse
 import numpy as np
 import pytest
 import torch
-from _slice_sampler_common import assert_same_sample, slice_steps
+from _slice_sampler_common import assert_same_sample, slice_steps, WholeStorageRecovery
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 from torchrl.data.replay_buffers.samplers import (
     PrioritizedSampler,
@@ -50,6 +50,12 @@ class _ZeroingPrioritizedSliceSampler(PrioritizedSliceSampler):
         return super()._preceding_stop_idx(*args, **kwargs)
 
 
+class _StockPrioritizedSliceSampler(
+    WholeStorageRecovery, _ZeroingPrioritizedSliceSampler
+):
+    """Main's code throughout: the boundaries recovered from the whole storage too."""
+
+
 _SAMPLERS = {
     "strict": {"slice_len": 4},
     "not strict": {"slice_len": 8, "strict_length": False},
@@ -75,6 +81,25 @@ def _seed(seed):
     """Seeds the draws: PrioritizedSampler draws with numpy on CPU."""
     torch.manual_seed(seed)
     np.random.seed(seed)
+
+
+def _filled(sampler_cls, **kwargs):
+    """A buffer of 200 rows of episodes, on a storage of its own."""
+    rb = TensorDictReplayBuffer(
+        storage=LazyTensorStorage(200),
+        sampler=sampler_cls(
+            200, alpha=0.7, beta=0.5, slice_len=4, traj_key="episode", **kwargs
+        ),
+        batch_size=48,
+    )
+    rb.extend(slice_steps(3, 200))
+    return rb
+
+
+def _write_through_data(storage):
+    """Rewrites the episode ids of rows 100 to 199 through ``.data``: no version
+    counter and no mutation revision moves."""
+    storage._storage["episode"].data[100:] = 5_000 + torch.arange(100) // 7
 
 
 def _sample(rb, seed):
@@ -175,6 +200,35 @@ class TestEligibleStarts:
         rb.sample()
         assert "_eligible_starts" in vars(rb.sampler)
         assert "_eligible_starts" not in rb.sampler.__getstate__()
+
+    def test_boundary_index_false_keeps_main_s_code(self):
+        """``boundary_index=False`` keeps main's code, before and after a write
+        through ``.data`` that nothing tells the index of: each sample is the one of
+        a sampler that recovers the boundaries from the whole storage and zeroes."""
+        rb = _filled(PrioritizedSliceSampler, boundary_index=False)
+        ref = _filled(_StockPrioritizedSliceSampler)
+        for seed in range(6):
+            if seed == 3:
+                for buffer in (rb, ref):
+                    _write_through_data(buffer.storage)
+            assert_same_sample(_sample(rb, seed), _sample(ref, seed), f"sample {seed}")
+        assert ref.sampler.recoveries == 6
+        assert "_eligible_starts" not in vars(rb.sampler)
+
+    def test_mark_update_after_a_write_through_data(self):
+        """Once ``storage.mark_update`` names the rows written through ``.data``, the
+        starts are drawn from them: each sample is the one of a
+        ``boundary_index=False`` twin written alike."""
+        rb = _filled(PrioritizedSliceSampler)
+        twin = _filled(PrioritizedSliceSampler, boundary_index=False)
+        for seed in range(6):
+            if seed == 3:
+                for buffer in (rb, twin):
+                    _write_through_data(buffer.storage)
+                    buffer.storage.mark_update(torch.arange(100, 200))
+            got = _sample(rb, seed)
+            assert_same_sample(got, _sample(twin, seed), f"sample {seed}")
+        assert "_eligible_starts" in vars(rb.sampler)
 
 
 if __name__ == "__main__":

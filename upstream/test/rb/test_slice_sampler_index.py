@@ -22,7 +22,7 @@ import time
 import pytest
 import torch
 import torch.multiprocessing as mp
-from _slice_sampler_common import WholeStorageRecovery
+from _slice_sampler_common import count_calls, WholeStorageRecovery
 from tensordict import is_tensor_collection, TensorDict
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage, ReplayBuffer
 from torchrl.data.replay_buffers.samplers import (
@@ -173,6 +173,14 @@ def _replace_columns(rb):
     data = rb.storage._storage
     for key in ("episode", DONE, ("next", "terminated")):
         data.set(key, data.get(key).roll(3, 0), inplace=False)
+
+
+def _write_through_data(storage):
+    """Rewrites the episode ids of rows 60 to 99 through ``.data``, where torch counts
+    nothing: no version counter, no mutation revision moves."""
+    revision = storage._mutation_revision
+    storage._storage["episode"].data[60:100] = 5_000 + torch.arange(40) // 3
+    assert storage._mutation_revision == revision
 
 
 def _failed_write(rb):
@@ -459,20 +467,26 @@ class TestSliceSamplerIndex:
         _assert_samples_like_stock(rb, stock, seed=5)
 
     def test_shared_storage_written_by_another_process(self):
-        """The buffer is handed to a spawned process, which writes; then this one does."""
+        """The buffer is handed to a spawned process, which writes; then another
+        spawned process writes, then this one. Once its columns are in shared memory
+        (handing the buffer over moves them there), the index reads the rows the other
+        processes wrote from the storage's write journal: it is not rebuilt."""
         rb, stock = _buffers(LazyTensorStorage(100), slice_len=3, traj_key="episode")
         rb.share()
         rb.extend(_STEPS[:60])
         _assert_samples_like_stock(rb, stock)
-        process = mp.get_context("spawn").Process(
-            target=_extend, args=(rb, _STEPS[60:67])
-        )
-        process.start()
-        process.join()
-        assert process.exitcode == 0
-        assert rb.storage[:]["obs"][60:67].tolist() == list(range(60, 67))
-        _assert_samples_like_stock(rb, stock, seed=5)
-        rb.extend(_STEPS[67:72])
+        for start, stop in ((60, 67), (67, 72)):
+            indexes = _trajectory_indexes(rb.storage)
+            process = mp.get_context("spawn").Process(
+                target=_extend, args=(rb, _STEPS[start:stop])
+            )
+            process.start()
+            process.join()
+            assert process.exitcode == 0
+            assert rb.storage[:]["obs"][start:stop].tolist() == list(range(start, stop))
+            _assert_samples_like_stock(rb, stock, seed=start)
+        assert _trajectory_indexes(rb.storage) == indexes, "the index was rebuilt"
+        rb.extend(_STEPS[72:77])
         _assert_samples_like_stock(rb, stock, seed=10)
 
     def test_shared_memory_storage_written_after_the_first_sample(self):
@@ -484,6 +498,42 @@ class TestSliceSamplerIndex:
         rb.storage._storage.share_memory_()
         rb.extend(_STEPS[60:67])
         _assert_samples_like_stock(rb, stock, seed=5)
+
+    def test_mark_update_after_a_write_through_data(self):
+        """A write through ``.data`` moves no version counter; once
+        ``storage.mark_update`` names its rows, the index reads them again: the
+        boundaries and the samples are those of a ``boundary_index=False`` twin, which
+        recovers them from the whole storage, written alike."""
+        rb, twin = _filled(SliceSampler), _filled(SliceSampler, boundary_index=False)
+        _assert_samples_alike(rb, twin)
+        before = twin.sampler._get_stop_and_length(twin.storage)
+        for buffer in (rb, twin):
+            _write_through_data(buffer.storage)
+            buffer.storage.mark_update(torch.arange(60, 100))
+        expected = twin.sampler._get_stop_and_length(twin.storage)
+        assert not all(torch.equal(b, e) for b, e in zip(before, expected))
+        _assert_equal(rb.sampler._get_stop_and_length(rb.storage), expected)
+        _assert_samples_alike(rb, twin, seed=10, samples=3)
+
+    def test_boundary_index_false_recovers_at_every_sample(self, monkeypatch):
+        """``boundary_index=False`` keeps main's whole-storage recovery at every
+        sample: it sees a write through ``.data`` that nothing tells the index of,
+        and its samples are those of a sampler forced down that recovery."""
+        rb = _filled(SliceSampler, boundary_index=False)
+        stock = _filled(_StockSliceSampler)
+        _assert_samples_like_stock(rb, stock)
+        before = rb.sampler._get_stop_and_length(rb.storage)
+        for buffer in (rb, stock):
+            _write_through_data(buffer.storage)
+        after = rb.sampler._get_stop_and_length(rb.storage)
+        assert not all(torch.equal(b, a) for b, a in zip(before, after))
+        recoveries = count_calls(monkeypatch, SliceSampler, "_find_start_stop_traj")
+        _assert_samples_like_stock(rb, stock, seed=10, samples=3)
+        assert recoveries.count(SliceSampler) == 3
+
+    def test_boundary_index_takes_a_bool(self):
+        with pytest.raises(TypeError, match="boundary_index must be True or False"):
+            SliceSampler(slice_len=4, boundary_index="no")
 
     @pytest.mark.gpu
     @pytest.mark.skipif(not torch.cuda.is_available(), reason="no cuda device")
@@ -516,6 +566,31 @@ class _RowsRead:
 
 def _extend(rb, data):
     rb.extend(data)
+
+
+def _filled(sampler_cls, **kwargs):
+    """A buffer of 100 rows on a storage of its own, sampled by ``sampler_cls``."""
+    kwargs = {"slice_len": 4, "traj_key": "episode", "strict_length": False, **kwargs}
+    rb = ReplayBuffer(
+        storage=LazyTensorStorage(100), sampler=sampler_cls(**kwargs), batch_size=24
+    )
+    rb.extend(_STEPS[:100])
+    return rb
+
+
+def _assert_samples_alike(rb, other, seed=0, samples=2):
+    for offset in range(samples):
+        torch.manual_seed(seed + offset)
+        got = rb.sample(return_info=True)
+        torch.manual_seed(seed + offset)
+        _assert_equal(got, other.sample(return_info=True))
+
+
+def _trajectory_indexes(storage):
+    """The trajectory index of each boundary signal the storage's index holds."""
+    entry = vars(storage).get("_trajectory_index")
+    assert entry is not None, "no trajectory index kept on the storage"
+    return [index for index, _ in entry._indexes.values()]
 
 
 if __name__ == "__main__":

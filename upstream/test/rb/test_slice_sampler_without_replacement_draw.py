@@ -120,6 +120,31 @@ def _buffers(storage, kwargs, *classes):
     )
 
 
+def _filled(sampler_cls, **kwargs):
+    """A buffer of 100 rows on a storage of its own, sampled by ``sampler_cls``."""
+    kwargs = {"slice_len": 4, "traj_key": "episode", "strict_length": False, **kwargs}
+    rb = ReplayBuffer(
+        storage=LazyTensorStorage(100), sampler=sampler_cls(**kwargs), batch_size=48
+    )
+    rb.extend(slice_steps(0, 100))
+    return rb
+
+
+def _write_through_data(storage):
+    """Rewrites the episode ids of rows 60 to 99 through ``.data``: no version
+    counter and no mutation revision moves."""
+    storage._storage["episode"].data[60:100] = 5_000 + torch.arange(40) // 3
+
+
+def _assert_same_samples(rb, other, seeds):
+    for seed in seeds:
+        torch.manual_seed(seed)
+        got = _sample(rb)
+        torch.manual_seed(seed)
+        assert_same_sample(got, _sample(other), f"sample {seed}")
+        assert _same_list(rb.sampler._sample_list, other.sampler._sample_list)
+
+
 class TestSliceSamplerWithoutReplacementDraw:
     @pytest.mark.parametrize("kwargs", list(_SAMPLERS.values()), ids=list(_SAMPLERS))
     @pytest.mark.parametrize("lanes", [None, 3])
@@ -160,6 +185,31 @@ class TestSliceSamplerWithoutReplacementDraw:
         assert listed.count(_OwnSlicesSamplerWithoutReplacement) == pairs
         assert listed.count(_StockSliceSamplerWithoutReplacement) == pairs
         assert stock.sampler.recoveries == pairs
+
+    def test_boundary_index_false_keeps_the_stock_draw(self, monkeypatch):
+        """``boundary_index=False`` keeps main's code: the trajectories are listed
+        from the whole storage at each sample, before and after a write through
+        ``.data``, and each sample is the one of a sampler forced down that recovery."""
+        rb = _filled(SliceSamplerWithoutReplacement, boundary_index=False)
+        stock = _filled(_StockSliceSamplerWithoutReplacement)
+        listed = count_calls(monkeypatch, SliceSampler, "_get_stop_and_length")
+        _assert_same_samples(rb, stock, range(3))
+        for buffer in (rb, stock):
+            _write_through_data(buffer.storage)
+        _assert_same_samples(rb, stock, range(3, 6))
+        assert listed.count(SliceSamplerWithoutReplacement) == 6
+
+    def test_mark_update_after_a_write_through_data(self):
+        """Once ``storage.mark_update`` names the rows written through ``.data``, the
+        sampler takes its trajectories from them: each sample is the one of a
+        ``boundary_index=False`` twin written alike."""
+        rb = _filled(SliceSamplerWithoutReplacement)
+        twin = _filled(SliceSamplerWithoutReplacement, boundary_index=False)
+        _assert_same_samples(rb, twin, range(3))
+        for buffer in (rb, twin):
+            _write_through_data(buffer.storage)
+            buffer.storage.mark_update(torch.arange(60, 100))
+        _assert_same_samples(rb, twin, range(3, 9))
 
 
 if __name__ == "__main__":

@@ -170,21 +170,40 @@ class TestStorageTrajectoryIndex:
         with pytest.raises(Unsupported, match="inference mode"):
             _indexed(storage, _SIGNALS["done"])
 
-    def test_writes_between_two_queries_keep_a_quarter_of_the_rows_at_most(self):
-        """What the index keeps of the writes since its last query stays within a
-        quarter of the storage's rows, whatever the writes: past that, the next
-        query rebuilds."""
+    def test_writes_between_two_queries_keep_no_more_than_the_journal(self):
+        """What is kept of the writes since the last query is the storage's write
+        journal, whose size does not depend on the writes: 40 writes of the whole
+        storage leave it the same table, and the next query is a fresh recovery."""
         rb = ReplayBuffer(storage=LazyTensorStorage(1_000))
         rb.extend(_rows(0, 1_000))
-        entry = StorageTrajectoryIndex.of(rb.storage)
         _indexed(rb.storage, _SIGNALS["done"])
+        journal = rb.storage._write_journal
+        table = (journal._table.data_ptr(), journal._table.nbytes)
         for start in range(1_000, 41_000, 1_000):
             rb.extend(_rows(start, 1_000))
-            kept = sum(cursor.numel() for cursor in entry._written)
-            assert 4 * kept <= 1_000, f"{kept} indices kept"
+            assert rb.storage._write_journal is journal
+            assert (journal._table.data_ptr(), journal._table.nbytes) == table
+        assert table[1] < 32 * 1024
         expected = _recovered_from_storage(rb.storage, _SIGNALS["done"])
         _assert_same_boundaries(
             _indexed(rb.storage, _SIGNALS["done"]).boundaries(), expected
+        )
+
+    def test_writes_the_journal_cannot_tell_rebuild_the_index(self):
+        """A revision the journal holds no rows for (moved by a mutation path that
+        records nothing) makes the next query rebuild the index; the recorded writes
+        after it are read into the rebuilt one."""
+        rb = ReplayBuffer(storage=LazyTensorStorage(100))
+        rb.extend(_rows(0, 60))
+        signal = _SIGNALS["episode"]
+        index = _indexed(rb.storage, signal)
+        rb.storage._bump_mutation_revision()
+        assert _indexed(rb.storage, signal) is not index
+        index = _indexed(rb.storage, signal)
+        rb.extend(_rows(60, 5))
+        assert _indexed(rb.storage, signal) is index
+        _assert_same_boundaries(
+            index.boundaries(), _recovered_from_storage(rb.storage, signal)
         )
 
     @pytest.mark.parametrize("copier", ["deepcopy", "pickle"])

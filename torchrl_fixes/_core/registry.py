@@ -302,20 +302,14 @@ class StatusReport(list):
             break_long_words=False,
             break_on_hyphens=False,
         )
-        notes = [
-            fold(f"{r.name}: {r.fallbacks}", initial_indent="  ", subsequent_indent="    ")
-            for r in self
-            if r.applied and r.fallbacks
-        ]
-        if notes:
-            lines += ["stock code still runs for:", *notes]
-        limits = [
-            fold(f"{r.name}: {r.limits}", initial_indent="  ", subsequent_indent="    ")
-            for r in self
-            if r.applied and r.limits
-        ]
-        if limits:
-            lines += ["limits:", *limits]
+        for heading, field in (("stock code still runs for:", "fallbacks"), ("limits:", "limits")):
+            notes = [
+                fold(f"{r.name}: {getattr(r, field)}", initial_indent="  ", subsequent_indent="    ")
+                for r in self
+                if r.applied and getattr(r, field)
+            ]
+            if notes:
+                lines += [heading, *notes]
         lines += [fold(f"note: {note}", subsequent_indent="  ") for note in self.notes]
         return "\n".join(lines)
 

@@ -138,12 +138,16 @@ def _assert_equal(got, expected, where="sample"):
         assert got == expected, where
 
 
-def _assert_samples_like_stock(rb, stock, seed=0, samples=2):
+def _assert_samples_alike(rb, other, seed=0, samples=2):
     for offset in range(samples):
         torch.manual_seed(seed + offset)
         got = rb.sample(return_info=True)
         torch.manual_seed(seed + offset)
-        _assert_equal(got, stock.sample(return_info=True))
+        _assert_equal(got, other.sample(return_info=True))
+
+
+def _assert_samples_like_stock(rb, stock, seed=0, samples=2):
+    _assert_samples_alike(rb, stock, seed, samples)
     assert stock.sampler.recoveries, "the reference did not recover the boundaries"
 
 
@@ -576,14 +580,6 @@ def _filled(sampler_cls, **kwargs):
     )
     rb.extend(_STEPS[:100])
     return rb
-
-
-def _assert_samples_alike(rb, other, seed=0, samples=2):
-    for offset in range(samples):
-        torch.manual_seed(seed + offset)
-        got = rb.sample(return_info=True)
-        torch.manual_seed(seed + offset)
-        _assert_equal(got, other.sample(return_info=True))
 
 
 def _trajectory_indexes(storage):

@@ -177,15 +177,16 @@ _CACHE_VALUES_SEEN = ("""\
             tensor mutations cannot be detected.
 """, """\
             including writes from another buffer or process. Writes torch does
-            not count (through ``.data``, numpy or another process's raw memory)
-            are seen once ``storage.mark_update(index)`` names their rows.
+            not count (through ``.data`` or numpy, or in place in another
+            process) are seen once ``storage.mark_update(index)`` names their rows.
 """)
 # ... and once the index serves the sampler (0005); the sentences above stay
 _CACHE_VALUES = ("""\
         cache_values (bool, optional): to be used with static datasets.
 """, """\
         cache_values (bool, optional): unused where the storage's trajectory
-            index serves the sampler, which sees every write torch counts;
+            index serves the sampler, which sees every write torch counts in
+            this process and every ``set`` in any process;
             ``boundary_index=False`` keeps the whole-storage recovery at every
             sample. Otherwise, to be used with static datasets.
 """)

@@ -4,6 +4,9 @@ from __future__ import annotations
 import copy
 import pickle
 import random
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -130,3 +133,26 @@ def _record_in_child(journal) -> None:
     with journal.lock:
         journal.record(1, slice(10, 20), CAPACITY)
         journal.record(2, np.array([5]), CAPACITY)
+
+
+def test_storages_hold_no_file_descriptor_each():
+    """2,000 storages, each with its journal, under a limit of 256 open files: the
+    journals come from multiprocessing's shared heap, not a file each."""
+    code = textwrap.dedent(
+        """
+        import resource
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+        import torch, torchrl_fixes
+        from tensordict import TensorDict
+        from torchrl.data import LazyTensorStorage
+        storages = []
+        for _ in range(2000):
+            storage = LazyTensorStorage(10)
+            storage.set(torch.arange(2), TensorDict({"a": torch.zeros(2)}, [2]))
+            storages.append(storage)
+        assert all("_write_journal" in vars(s) for s in storages) or not torchrl_fixes.status()["slice_boundary_index"].applied
+        print("ok")
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]

@@ -105,10 +105,11 @@ def record_write(wrapped, instance, args, kwargs):
     index = existing_index(instance)
     versions = None if index is None else index.begin_write()
     journal = journal_of(instance)
-    with journal.lock:  # the write and its record, as one for every reader
+    with journal.held() as held:  # the write and its record, as one for every reader
         result = wrapped(*args, **kwargs)
-        cursor = args[0] if args else kwargs["cursor"]
-        journal.record(instance._mutation_revision, cursor, capacity_of(instance))
+        if held:
+            cursor = args[0] if args else kwargs["cursor"]
+            journal.record(instance._mutation_revision, cursor, capacity_of(instance))
     if index is not None:
         index.wrote(versions)
     return result
@@ -123,8 +124,9 @@ def attach_journal(wrapped, instance, args, kwargs):
 def mark_update(self, index) -> None:
     """Tells the storage that the rows at ``index`` changed outside :meth:`set`.
 
-    Writes through ``.data``, a numpy view or another process's raw memory move no
-    version counter and no mutation revision, so no trajectory index sees them. After
+    Writes through ``.data`` or a numpy view, or in place in another process, move
+    no version counter here and no mutation revision, so no trajectory index sees
+    them. After
     such a write, this moves the revision and has every slice sampler of the storage,
     in this process or another it is shared with, read those rows again.
 
@@ -145,9 +147,10 @@ def mark_update(self, index) -> None:
         tensor([[19]])
     """
     journal = journal_of(self)
-    with journal.lock:
+    with journal.held() as held:
         self._bump_mutation_revision()
-        journal.record(self._mutation_revision, index, capacity_of(self))
+        if held:
+            journal.record(self._mutation_revision, index, capacity_of(self))
 
 
 def take_boundary_index(wrapped, instance, args, kwargs):
@@ -363,7 +366,7 @@ class SliceBoundaryIndex(Fix):
         "a process that writes the storage without the fixes is seen through the storage's "
         "revision, and the index is rebuilt from the whole storage after each of its writes "
         "(apply the fixes there: import torchrl_fixes, or start it with torchrl-fixes run); "
-        "writes through .data, numpy or raw shared memory are not seen until "
+        "writes through .data or numpy, or in place in another process, are not seen until "
         "storage.mark_update(rows) tells the index, and boundary_index=False keeps a "
         "sampler on stock's recovery from the whole storage at every sample"
     )

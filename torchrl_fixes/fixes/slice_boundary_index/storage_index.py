@@ -193,7 +193,8 @@ class StorageTrajectoryIndex:
 
     def __init__(self, storage):
         self._lock = threading.RLock()  # draws hold it too (_reads_index)
-        self._pid = os.getpid()  # a fork child inherits the lock as a thread may hold it
+        # a fork child inherits the lock as a thread of its parent may hold it
+        self._pid = os.getpid()
         self._logged = False  # that the ids and the done flags disagree, once
         self.untold_rebuilds = 0
         self._reset(storage)
@@ -215,7 +216,10 @@ class StorageTrajectoryIndex:
         # key -> (weak reference, version, memory) of each column read
         self._columns = {}
         self._readers = {}  # key -> what its rows are read from (_reader)
-        self._stale = self._writing = False
+        self._stale = False
+        # writes under way in this process, in any thread; one that raised before
+        # wrote() is counted until this rebuild (it may have moved the cursor)
+        self._writing = 0
         self._indexes = {}  # BoundarySignal -> (TrajectoryIndex, the columns' device)
         # id key -> keys of the rows where the ids and the done flags end differently
         self._disagreements = {}
@@ -224,7 +228,7 @@ class StorageTrajectoryIndex:
     def begin_write(self) -> tuple:
         """The version of each column read, before a write :meth:`wrote` ends."""
         with self._lock:
-            self._writing = True  # one that raised may have moved the cursor
+            self._writing += 1
             return tuple(
                 ref()._version if ref() is not None else -1
                 for ref, _, _ in self._columns.values()
@@ -237,7 +241,7 @@ class StorageTrajectoryIndex:
         from the ones last seen, something else wrote in place first: rebuild.
         """
         with self._lock:
-            self._writing = False
+            self._writing = max(self._writing - 1, 0)  # a rebuild in between zeroed it
             if versions != tuple(v for _, v, _ in self._columns.values()):
                 self._stale = True
                 return
@@ -328,12 +332,12 @@ class StorageTrajectoryIndex:
         runs = None
         if self._columns_unchanged(storage):
             journal = storage.__dict__.get("_write_journal")
-            with _locked(journal):
+            with _held(journal) as held:
                 revision = storage._mutation_revision
                 if revision == self._revision:
                     return self._state  # nothing moved the revision: nor the state
                 state = storage_state(storage)
-                if journal is not None:
+                if held:
                     runs = journal.runs_since(self._revision, revision)
             self.untold_rebuilds += runs is None
             runs = self._written_runs(state, runs)
@@ -354,7 +358,7 @@ class StorageTrajectoryIndex:
         return state
 
     def _rebuild(self, storage) -> None:
-        with _locked(storage.__dict__.get("_write_journal")):
+        with _held(storage.__dict__.get("_write_journal")):
             self._reset(storage)
             self._state = storage_state(storage)
 
@@ -390,9 +394,9 @@ class StorageTrajectoryIndex:
         return runs
 
 
-def _locked(journal):
-    """The journal's lock, or no lock where the storage has no journal."""
-    return nullcontext() if journal is None else journal.lock
+def _held(journal):
+    """The journal's lock held (:meth:`WriteJournal.held`); ``False`` where there is no journal."""
+    return nullcontext(False) if journal is None else journal.held()
 
 
 def existing_index(storage) -> StorageTrajectoryIndex | None:

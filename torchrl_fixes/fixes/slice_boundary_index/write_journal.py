@@ -14,7 +14,9 @@ process. A copy or a plain pickle of the storage gets a journal of its own.
 """
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
+import os
 from multiprocessing.context import get_spawning_popen
 
 import numpy as np
@@ -23,6 +25,9 @@ from tensordict import TensorDictBase
 
 # How many runs a journal holds; a reader further behind rebuilds.
 _SLOTS = 1024
+# Seconds to wait for the lock: past them, a process that died holding it is assumed,
+# and the write goes unrecorded (its readers rebuild) or the reader rebuilds.
+_LOCK_TIMEOUT = 10.0
 # The first row of a run whose rows are not known: a reader that crosses it rebuilds.
 _UNKNOWN = -1
 # The first row of a run kept on the writer's accelerator, in the writer's process only.
@@ -61,8 +66,8 @@ class WriteJournal:
     """The runs of rows a storage's last writes covered, each with the revision it made.
 
     It holds the runs of the last writes, up to 1,024 runs (a write covers one run, or
-    two around the end of the ring), in shared memory: a few kilobytes, whatever the
-    number or size of the writes. Writers hold :attr:`lock` while they move the
+    two around the end of the ring), in shared memory from ``multiprocessing``'s heap
+    (no file descriptor of its own): 32 kB, whatever the number or size of the writes. Writers hold :attr:`lock` while they move the
     storage's revision and record their runs, and readers while they read the
     revision and the runs, so a reader sees every recorded write up to that revision.
 
@@ -81,20 +86,35 @@ class WriteJournal:
     """
 
     def __init__(self):
-        # row 0: [runs recorded, the revision the first record came after];
-        # row 1 + i % _SLOTS: [revision, first row, last row] of run i
-        self._table = torch.zeros((_SLOTS + 1, 3), dtype=torch.int64).share_memory_()
+        # row 0: [runs recorded, the revision the first record came after, 0, 0];
+        # row 1 + i % _SLOTS: [revision, first row, last row, writer's pid] of run i
+        self._table = multiprocessing.RawArray("q", 4 * (_SLOTS + 1))
         self._lock = multiprocessing.RLock()
         self._attach()
 
     def _attach(self) -> None:
-        self._rows = self._table.numpy()  # reads and writes the shared memory
+        # reads and writes the shared memory
+        self._rows = np.frombuffer(self._table, dtype=np.int64).reshape(_SLOTS + 1, 4)
         self._device_runs = None  # (first, last) of runs on the writer's accelerator
 
     @property
     def lock(self):
         """The lock of every process's recorded writes (an ``RLock``)."""
         return self._lock
+
+    @contextlib.contextmanager
+    def held(self):
+        """Holds :attr:`lock`, and yields whether it could.
+
+        ``False`` where another process kept it over 10 seconds (one that died holding
+        it): the caller goes on without it, records nothing and reads no runs.
+        """
+        acquired = self._lock.acquire(timeout=_LOCK_TIMEOUT)
+        try:
+            yield acquired
+        finally:
+            if acquired:
+                self._lock.release()
 
     def record(self, revision: int, cursor, capacity: int | None) -> None:
         """Records that ``storage.set(cursor, ...)`` moved the storage to ``revision``.
@@ -110,20 +130,20 @@ class WriteJournal:
                 (``None`` where it holds no tensors: rows unknown).
         """
         head = int(self._rows[0, 0])
-        if isinstance(cursor, torch.Tensor) and cursor.device.type != "cpu":
-            runs = self._keep_on_device(head, cursor)
-        elif isinstance(cursor, tuple) or capacity is None:  # rows along several dims
+        if isinstance(cursor, tuple) or capacity is None:  # rows along several dims
             runs = [(_UNKNOWN, 0)]
+        elif isinstance(cursor, torch.Tensor) and cursor.device.type != "cpu":
+            runs = self._keep_on_device(head, cursor, capacity)
         else:
             rows = _written_rows(cursor, capacity)
             runs = [(_UNKNOWN, 0)] if rows is None else _runs(rows) or [(0, -1)]
         if head == 0:
             self._rows[0, 1] = revision - 1
         for i, (first, last) in enumerate(runs):
-            self._rows[1 + (head + i) % _SLOTS] = (revision, first, last)
+            self._rows[1 + (head + i) % _SLOTS] = (revision, first, last, os.getpid())
         self._rows[0, 0] = head + len(runs)
 
-    def _keep_on_device(self, head: int, cursor: torch.Tensor) -> list:
+    def _keep_on_device(self, head: int, cursor: torch.Tensor, capacity: int) -> list:
         if cursor.dtype == torch.bool or cursor.is_floating_point():
             return [(_UNKNOWN, 0)]
         if not cursor.numel():
@@ -133,7 +153,7 @@ class WriteJournal:
                 (_SLOTS, 2), dtype=torch.int64, device=cursor.device
             )
         slot = head % _SLOTS
-        self._device_runs[slot] = torch.stack(torch.aminmax(cursor.reshape(-1)))
+        self._device_runs[slot] = torch.stack(torch.aminmax(cursor.reshape(-1) % capacity))
         return [(_ON_DEVICE, slot)]
 
     def runs_since(self, revision: int, current: int) -> list | None:
@@ -161,11 +181,11 @@ class WriteJournal:
             return None
         on_device = entries[:, 1] == _ON_DEVICE
         if on_device.any():
-            if self._device_runs is None:  # kept by another process's writer
-                return None
+            if self._device_runs is None or (entries[on_device, 3] != os.getpid()).any():
+                return None  # kept by another process's writer
             slots = torch.from_numpy(entries[on_device, 2]).to(self._device_runs.device)
-            entries[on_device, 1:] = self._device_runs[slots].cpu().numpy()
-        return [(int(first), int(last)) for _, first, last in entries if last >= first]
+            entries[on_device, 1:3] = self._device_runs[slots].cpu().numpy()
+        return [(int(first), int(last)) for _, first, last, _ in entries if last >= first]
 
     def __getstate__(self):
         if get_spawning_popen() is None:  # a copy: it records its own writes

@@ -178,12 +178,12 @@ class TestStorageTrajectoryIndex:
         rb.extend(_rows(0, 1_000))
         _indexed(rb.storage, _SIGNALS["done"])
         journal = rb.storage._write_journal
-        table = (journal._table.data_ptr(), journal._table.nbytes)
+        table = (journal._rows.ctypes.data, journal._rows.nbytes)
         for start in range(1_000, 41_000, 1_000):
             rb.extend(_rows(start, 1_000))
             assert rb.storage._write_journal is journal
-            assert (journal._table.data_ptr(), journal._table.nbytes) == table
-        assert table[1] < 32 * 1024
+            assert (journal._rows.ctypes.data, journal._rows.nbytes) == table
+        assert table[1] < 40 * 1024
         expected = _recovered_from_storage(rb.storage, _SIGNALS["done"])
         _assert_same_boundaries(
             _indexed(rb.storage, _SIGNALS["done"]).boundaries(), expected

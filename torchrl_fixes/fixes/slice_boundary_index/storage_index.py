@@ -331,6 +331,8 @@ class StorageTrajectoryIndex:
         """Reads the rows written since the last query, or rebuilds; the storage's state."""
         runs = None
         if self._columns_unchanged(storage):
+            if storage._mutation_revision == self._revision:
+                return self._state  # nothing moved the revision: nor the state
             journal = storage.__dict__.get("_write_journal")
             with _held(journal) as held:
                 revision = storage._mutation_revision

@@ -126,9 +126,8 @@ def mark_update(self, index) -> None:
 
     Writes through ``.data`` or a numpy view, or in place in another process, move
     no version counter here and no mutation revision, so no trajectory index sees
-    them. After
-    such a write, this moves the revision and has every slice sampler of the storage,
-    in this process or another it is shared with, read those rows again.
+    them. After such a write, this moves the revision and has every slice sampler of
+    the storage, in this process or another it is shared with, read those rows again.
 
     Args:
         index (int, slice, sequence, array or tensor): the rows, along the first dim.

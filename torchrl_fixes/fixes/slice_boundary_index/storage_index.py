@@ -204,8 +204,7 @@ class StorageTrajectoryIndex:
         """``storage``'s index in this process, made on first use."""
         entry = existing_index(storage)
         if entry is None:
-            if "_trajectory_index" in storage.__dict__:  # a fork parent's: not ours
-                storage.__dict__.pop("_trajectory_index", None)
+            storage.__dict__.pop("_trajectory_index", None)  # a fork parent's, if any
             # one entry, and lock, where two threads make one
             entry = storage.__dict__.setdefault("_trajectory_index", cls(storage))
         return entry
@@ -334,10 +333,8 @@ class StorageTrajectoryIndex:
             if storage._mutation_revision == self._revision:
                 return self._state  # nothing moved the revision: nor the state
             journal = storage.__dict__.get("_write_journal")
-            with _held(journal) as held:
+            with _held(journal) as held:  # the revision, the state and the runs as one
                 revision = storage._mutation_revision
-                if revision == self._revision:
-                    return self._state  # nothing moved the revision: nor the state
                 state = storage_state(storage)
                 if held:
                     runs = journal.runs_since(self._revision, revision)

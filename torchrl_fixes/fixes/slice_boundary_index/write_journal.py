@@ -67,9 +67,10 @@ class WriteJournal:
 
     It holds the runs of the last writes, up to 1,024 runs (a write covers one run, or
     two around the end of the ring), in shared memory from ``multiprocessing``'s heap
-    (no file descriptor of its own): 32 kB, whatever the number or size of the writes. Writers hold :attr:`lock` while they move the
-    storage's revision and record their runs, and readers while they read the
-    revision and the runs, so a reader sees every recorded write up to that revision.
+    (no file descriptor of its own): 32 kB, whatever the number or size of the writes.
+    Writers hold :attr:`lock` while they move the storage's revision and record their
+    runs, and readers while they read the revision and the runs, so a reader sees every
+    recorded write up to that revision.
 
     Examples:
         >>> import torch
